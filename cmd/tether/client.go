@@ -1,0 +1,123 @@
+package main
+
+import (
+	"errors"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel/client"
+)
+
+// ClientOptions are the flags of `tether client`.
+type ClientOptions struct {
+	Server                string
+	TokenFile             string
+	Routes                []string
+	HealthAddr            string
+	Transport             string
+	Proxy                 string
+	TLSCA                 string
+	TLSServerName         string
+	TLSFingerprint        string
+	TLSInsecureSkipVerify bool
+	HeartbeatTimeout      time.Duration
+	DialTimeout           time.Duration
+	MaxReconnectDelay     time.Duration
+}
+
+// NewCmdClient builds `tether client`. runF replaces running the client
+// (tests assert on the parsed options); nil runs it.
+func NewCmdClient(f *Factory, runF func(*ClientOptions) error) *cobra.Command {
+	opts := &ClientOptions{}
+	cmd := &cobra.Command{
+		Use:   "client",
+		Short: "Run the tunnel client: connect out to the server and serve the tunnel's routes",
+		Long: `Run the tunnel client.
+
+The client dials out to --server (TLS over TCP, or wss), logs in with the JWT in
+--token-file (re-read at every connect, so a rotated Secret takes effect without
+a restart), and serves the requests for its tunnel by forwarding them, by path
+prefix, to the upstreams of --route. It forwards nowhere else.
+
+Without --route it serves the default adapters:
+  /            app-proxy        http://app-proxy:8080
+  /argo-cd     Argo CD          http://argocd-server:80
+  /workflows   Argo Workflows   https://argo-server:2746/
+  /webhooks    Argo Events      http://webhook-eventsource-svc:12000/
+  /rollouts    Argo Rollouts    http://argo-rollouts-dashboard:3100
+
+A route is PREFIX=URL[;timeout=DURATION][;insecure-skip-verify]. When URL has a
+path (even "/"), the prefix is replaced by it; otherwise the path is kept.
+
+The egress proxy comes from --proxy or HTTPS_PROXY/ALL_PROXY (NO_PROXY honoured):
+http://, https:// (CONNECT, user:password@ for basic auth), socks5:// or socks5h://.`,
+		Example: `  tether client --server tunnels.example.com:443 --token-file /var/run/tether/token \
+    --route /=http://app-proxy:8080 --route '/workflows=https://argo-server:2746/;insecure-skip-verify' \
+    --health-addr 0.0.0.0:8081`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if runF != nil {
+				return runF(opts)
+			}
+			cfg, err := opts.config(f)
+			if err != nil {
+				return invalid(err)
+			}
+			c, err := client.New(cfg, f.Logger())
+			if err != nil {
+				return invalid(err)
+			}
+			return c.Run(cmd.Context())
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&opts.Server, "server", "", "tunnel server HOST:PORT (required)")
+	fl.StringVar(&opts.TokenFile, "token-file", "", "file holding the tunnel's JWT (required); re-read at every connect")
+	fl.StringSliceVar(&opts.Routes, "route", nil, "PREFIX=URL[;timeout=D][;insecure-skip-verify] (repeat); default: the built-in adapters")
+	fl.StringVar(&opts.HealthAddr, "health-addr", "", "serve /healthz, /readyz, /status and /metrics here, e.g. 0.0.0.0:8081")
+	fl.StringVar(&opts.Transport, "transport", "tcp", "tcp (TLS over TCP) or wss (TLS websocket, when only HTTPS may leave the network)")
+	fl.StringVar(&opts.Proxy, "proxy", "", "egress proxy URL; default from HTTPS_PROXY/ALL_PROXY and NO_PROXY; \"direct\" ignores them")
+	fl.StringVar(&opts.TLSCA, "tls-ca", "", "extra CA certificates (PEM) to trust for the server, e.g. a TLS-inspecting proxy's CA")
+	fl.StringVar(&opts.TLSServerName, "tls-server-name", "", "name to verify in the server's certificate (default: the --server host)")
+	fl.StringVar(&opts.TLSFingerprint, "tls-fingerprint", "", "pin the server certificate's SHA-256 instead of verifying its chain (self-signed servers)")
+	fl.BoolVar(&opts.TLSInsecureSkipVerify, "tls-insecure-skip-verify", false, "do not verify the server's certificate (testing only)")
+	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 15*time.Second, "notice a dead connection within this long")
+	fl.DurationVar(&opts.DialTimeout, "dial-timeout", 10*time.Second, "bound on one connection attempt (TCP, proxy, TLS)")
+	fl.DurationVar(&opts.MaxReconnectDelay, "max-reconnect-delay", 30*time.Second, "cap of the exponential backoff between connection attempts")
+	return cmd
+}
+
+// config turns the flags into the client's configuration.
+func (o *ClientOptions) config(f *Factory) (client.Config, error) {
+	var routes []proxy.Route
+	var errs []error
+	for _, spec := range o.Routes {
+		r, err := proxy.ParseRoute(spec)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		routes = append(routes, r)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return client.Config{}, err
+	}
+	return client.Config{
+		Server:                o.Server,
+		TokenFile:             o.TokenFile,
+		Routes:                routes,
+		HealthAddr:            o.HealthAddr,
+		Transport:             o.Transport,
+		Proxy:                 o.Proxy,
+		TLSCAFile:             o.TLSCA,
+		TLSServerName:         o.TLSServerName,
+		TLSFingerprint:        o.TLSFingerprint,
+		TLSInsecureSkipVerify: o.TLSInsecureSkipVerify,
+		HeartbeatTimeout:      o.HeartbeatTimeout,
+		DialTimeout:           o.DialTimeout,
+		MaxReconnectDelay:     o.MaxReconnectDelay,
+		Getenv:                f.Getenv,
+	}, nil
+}

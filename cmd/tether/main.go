@@ -1,0 +1,79 @@
+// Command tether is the reverse-tunnel server, client and tools:
+//
+//	tether server    the platform's tunnel server
+//	tether client    the tunnel client in a customer's cluster
+//	tether token     keys and tokens
+//	tether demo      everything on loopback, with stand-in backends
+//	tether version
+//
+// Exit codes (documented once, here and in the README):
+//
+//	0  success
+//	1  failed: could not start, or stopped on an error (a restart will not help without a fix)
+//	2  invalid invocation: a flag, environment variable, config file or value is wrong
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+const (
+	exitOK    = 0
+	exitFail  = 1
+	exitUsage = 2
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], &Factory{Out: os.Stdout, ErrOut: os.Stderr, LookupEnv: os.LookupEnv})
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command line and returns the exit code. Errors are printed
+// here, once.
+func run(ctx context.Context, args []string, f *Factory) int {
+	root := NewCmdRoot(f)
+	root.SetArgs(args)
+	root.SetOut(f.Out)
+	root.SetErr(f.ErrOut)
+	err := root.ExecuteContext(ctx)
+	f.Close()
+	if err == nil {
+		return exitOK
+	}
+	var usage *usageError
+	if errors.As(err, &usage) {
+		fmt.Fprintf(f.ErrOut, "tether: %v\n", err)
+		if usage.hint != "" {
+			fmt.Fprintln(f.ErrOut, usage.hint)
+		}
+		return exitUsage
+	}
+	var silent *silentError
+	if errors.As(err, &silent) {
+		return silent.code
+	}
+	fmt.Fprintf(f.ErrOut, "tether: %v\n", err)
+	return exitFail
+}
+
+// usageError is a mistake in how tether was invoked or configured (exit 2).
+type usageError struct {
+	err  error
+	hint string
+}
+
+func (e *usageError) Error() string { return e.err.Error() }
+func (e *usageError) Unwrap() error { return e.err }
+
+// silentError ends the process with code after the command already reported
+// the outcome itself (e.g. a failed check list).
+type silentError struct{ code int }
+
+func (e *silentError) Error() string { return fmt.Sprintf("exit status %d", e.code) }

@@ -1,0 +1,101 @@
+package main
+
+import (
+	"fmt"
+	"io"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/tether-dev/tether/internal/config"
+	"github.com/tether-dev/tether/internal/logging"
+	"github.com/tether-dev/tether/tunnel"
+)
+
+// Factory carries what commands take from the process: streams, the
+// environment, and the logger built from the common flags.
+type Factory struct {
+	Out, ErrOut io.Writer
+	// LookupEnv reads the environment (os.LookupEnv in production).
+	LookupEnv func(string) (string, bool)
+
+	logOpts logging.Options
+	log     *zap.Logger
+}
+
+// Logger is the process logger, built after flags, environment and config
+// file are applied.
+func (f *Factory) Logger() *zap.Logger {
+	if f.log == nil {
+		return zap.NewNop()
+	}
+	return f.log
+}
+
+// Getenv reads one environment variable ("" when unset).
+func (f *Factory) Getenv(name string) string {
+	v, _ := f.LookupEnv(name)
+	return v
+}
+
+// Close flushes the logger.
+func (f *Factory) Close() {
+	if f.log != nil {
+		_ = f.log.Sync()
+	}
+}
+
+// NewCmdRoot builds the tether command tree.
+func NewCmdRoot(f *Factory) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "tether",
+		Short: "Reverse tunnels from customer clusters to the platform, with no ingress on the customer's side",
+		Long: `tether lets a SaaS platform reach services inside its customers' Kubernetes clusters.
+The client runs in the customer's cluster, dials out and keeps one encrypted,
+multiplexed connection to the platform's tunnel server; the platform's requests
+arrive at the server under <tunnel>.<domain> and are carried back to the client,
+which forwards them to the configured in-cluster services.
+
+Every flag can also be set in the YAML file named by --config (same key names)
+or as an environment variable TETHER_<FLAG_IN_UPPER_SNAKE_CASE>; flags win over
+the environment, the environment over the file.
+
+Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
+			path := config.Path(cmd.Flags(), "config", f.LookupEnv)
+			if err := config.Apply(cmd.Flags(), path, f.LookupEnv, "config", "help"); err != nil {
+				return &usageError{err: err}
+			}
+			log, err := logging.New(f.ErrOut, f.logOpts)
+			if err != nil {
+				return &usageError{err: err}
+			}
+			f.log = log
+			tunnel.BridgeFRPLog(log)
+			return nil
+		},
+	}
+	root.PersistentFlags().String("config", "", "YAML file of flag values (keys are flag names); env TETHER_CONFIG")
+	f.logOpts.AddFlags(root.PersistentFlags())
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return &usageError{err: err, hint: fmt.Sprintf("Run '%s --help' for usage.", cmd.CommandPath())}
+	})
+	root.AddCommand(
+		NewCmdServer(f, nil),
+		NewCmdClient(f, nil),
+		NewCmdToken(f),
+		NewCmdDemo(f, nil),
+		NewCmdVersion(f),
+	)
+	return root
+}
+
+// invalid marks err as a configuration mistake (exit 2).
+func invalid(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &usageError{err: err}
+}

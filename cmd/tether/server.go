@@ -1,0 +1,153 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"go.uber.org/zap"
+
+	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/tunnel/server"
+)
+
+// ServerOptions are the flags of `tether server`.
+type ServerOptions struct {
+	TunnelAddr        string
+	HTTPAddr          string
+	AdminAddr         string
+	Domain            string
+	JWTPublicKey      string
+	JWTHMACSecretFile string
+	JWTIssuer         string
+	JWTAudience       string
+	TLSCert           string
+	TLSKey            string
+	AdminTokenFile    string
+	TrustedProxies    []string
+	HeartbeatTimeout  time.Duration
+	ShutdownTimeout   time.Duration
+}
+
+// NewCmdServer builds `tether server`. runF replaces running the server
+// (tests assert on the parsed options); nil runs it.
+func NewCmdServer(f *Factory, runF func(*ServerOptions) error) *cobra.Command {
+	opts := &ServerOptions{}
+	cmd := &cobra.Command{
+		Use:   "server",
+		Short: "Run the tunnel server: accept tunnel clients and serve <tunnel>.<domain>",
+		Long: `Run the tunnel server.
+
+Tunnel clients connect to --tunnel-addr (TLS, or wss) and log in with a JWT
+verified against --jwt-public-key. The tunnel named N is served at N.<domain>
+on --http-addr, and only there. --admin-addr serves /healthz, /readyz,
+/metrics and /api/tunnels.
+
+Without --tls-cert/--tls-key the tunnel listener uses a self-signed
+certificate and logs its SHA-256 fingerprint (pin it on clients with
+--tls-fingerprint). On SIGTERM the server drains: readiness fails, no new
+clients are accepted, in-flight requests get --shutdown-timeout to finish.`,
+		Example: `  tether server --domain tunnels.example.com --jwt-public-key /etc/tether/jwt.pub.pem \
+    --tls-cert /etc/tether/tls.crt --tls-key /etc/tether/tls.key`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if runF != nil {
+				return runF(opts)
+			}
+			return runServer(cmd, f, opts)
+		},
+	}
+	fl := cmd.Flags()
+	fl.StringVar(&opts.TunnelAddr, "tunnel-addr", "0.0.0.0:7000", "address tunnel clients connect to (TLS or wss)")
+	fl.StringVar(&opts.HTTPAddr, "http-addr", "0.0.0.0:8080", "public HTTP entry: requests for <tunnel>.<domain>")
+	fl.StringVar(&opts.AdminAddr, "admin-addr", "127.0.0.1:7700", "admin endpoints: /healthz /readyz /metrics /api/tunnels (a non-loopback address needs --admin-token-file)")
+	fl.StringVar(&opts.Domain, "domain", "", "domain under which tunnel N is served as N.<domain> (required)")
+	fl.StringVar(&opts.JWTPublicKey, "jwt-public-key", "", "file of trusted token keys: PEM public keys (Ed25519, ES256, RS256) or a JWKS; re-read when it changes")
+	fl.StringVar(&opts.JWTHMACSecretFile, "jwt-hmac-secret-file", "", "file holding an HS256 secret; only when tokens are HMAC-signed")
+	fl.StringVar(&opts.JWTIssuer, "jwt-issuer", "", "require this iss claim")
+	fl.StringVar(&opts.JWTAudience, "jwt-audience", "", "require this aud claim")
+	fl.StringVar(&opts.TLSCert, "tls-cert", "", "tunnel listener certificate (PEM); re-read when it changes")
+	fl.StringVar(&opts.TLSKey, "tls-key", "", "tunnel listener private key (PEM)")
+	fl.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token /api/ requires")
+	fl.StringSliceVar(&opts.TrustedProxies, "trusted-proxies", nil, "CIDRs (or IPs) of proxies in front of --http-addr whose X-Forwarded-* headers are kept")
+	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 30*time.Second, "drop a client connection that stays silent this long")
+	fl.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may take before tunnels close")
+	return cmd
+}
+
+func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
+	log := f.Logger()
+	verifier, err := newVerifier(opts, log)
+	if err != nil {
+		return invalid(err)
+	}
+	trusted, err := parsePrefixes(opts.TrustedProxies)
+	if err != nil {
+		return invalid(err)
+	}
+	srv, err := server.New(server.Config{
+		TunnelAddr:       opts.TunnelAddr,
+		HTTPAddr:         opts.HTTPAddr,
+		AdminAddr:        opts.AdminAddr,
+		Domain:           opts.Domain,
+		TLSCertFile:      opts.TLSCert,
+		TLSKeyFile:       opts.TLSKey,
+		AdminTokenFile:   opts.AdminTokenFile,
+		TrustedProxies:   trusted,
+		HeartbeatTimeout: opts.HeartbeatTimeout,
+		ShutdownTimeout:  opts.ShutdownTimeout,
+	}, verifier, log)
+	if err != nil {
+		return invalid(err)
+	}
+	return srv.Run(cmd.Context())
+}
+
+// newVerifier builds the token verifier from the key flags.
+func newVerifier(opts *ServerOptions, log *zap.Logger) (*auth.Verifier, error) {
+	var keys auth.KeySource
+	var err error
+	switch {
+	case opts.JWTPublicKey != "" && opts.JWTHMACSecretFile != "":
+		return nil, errors.New("--jwt-public-key and --jwt-hmac-secret-file exclude each other: choose how tokens are signed")
+	case opts.JWTPublicKey != "":
+		keys, err = auth.NewFileKeySource(opts.JWTPublicKey)
+	case opts.JWTHMACSecretFile != "":
+		keys, err = auth.NewHMACKeySource(opts.JWTHMACSecretFile)
+	default:
+		return nil, errors.New("--jwt-public-key is required: the public key tokens are signed with (make a pair with `tether token keygen`)")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return auth.NewVerifier(auth.VerifierConfig{
+		Keys:     keys,
+		Issuer:   opts.JWTIssuer,
+		Audience: opts.JWTAudience,
+		OnKeyError: func(err error) {
+			log.Error("reload token keys failed; the previous keys stay in force", zap.Error(err))
+		},
+	})
+}
+
+// parsePrefixes reads --trusted-proxies: CIDRs or single addresses.
+func parsePrefixes(values []string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	var errs []error
+	for _, v := range values {
+		v = strings.TrimSpace(v)
+		if p, err := netip.ParsePrefix(v); err == nil {
+			out = append(out, p.Masked())
+			continue
+		}
+		if a, err := netip.ParseAddr(v); err == nil {
+			out = append(out, netip.PrefixFrom(a, a.BitLen()))
+			continue
+		}
+		errs = append(errs, fmt.Errorf("--trusted-proxies %q: want a CIDR like 10.0.0.0/8 or an IP address", v))
+	}
+	return out, errors.Join(errs...)
+}

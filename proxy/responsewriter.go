@@ -1,0 +1,51 @@
+package proxy
+
+import (
+	"bufio"
+	"net"
+	"net/http"
+)
+
+// statusWriter records the status a request was answered with, for logs and
+// metrics. It passes flushing and hijacking (websocket upgrades) through to
+// the ResponseWriter it wraps, and unwraps for http.ResponseController.
+type statusWriter struct {
+	http.ResponseWriter
+	status   int  // final status, 0 until written
+	canceled bool // the caller went away before a response
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+// FlushError flushes buffered data to the caller.
+func (w *statusWriter) FlushError() error {
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush implements http.Flusher.
+func (w *statusWriter) Flush() { _ = w.FlushError() }
+
+// Hijack hands the connection over for a protocol switch; ReverseProxy
+// writes the 101 response on it directly.
+func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
+	if err == nil && w.status == 0 {
+		w.status = http.StatusSwitchingProtocols
+	}
+	return c, brw, err
+}
+
+// Unwrap returns the wrapped ResponseWriter, for http.ResponseController.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

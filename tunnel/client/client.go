@@ -1,0 +1,259 @@
+// Package client is tether's tunnel client: it runs in the customer's
+// cluster, dials out to the tunnel server, keeps one multiplexed TLS
+// connection up, and serves the requests that arrive through it with an
+// in-process router to the configured upstreams.
+//
+//	c, err := client.New(client.Config{
+//		Server:    "tunnels.example.com:443",
+//		TokenFile: "/var/run/tether/token",
+//		Routes:    proxy.DefaultRoutes(),
+//	}, log)
+//	err = c.Run(ctx) // reconnects by itself until ctx ends
+//
+// The engine is frp's client control (client.NewControl): it registers the
+// tunnel's route. The connection (egress proxy, TLS, wss), its yamux
+// session, the login and the reconnect loop are tether's: the token file is
+// re-read at every login. The client advertises its routes at login; the
+// server routes each request by them and asks the client, on a stream of the
+// session, to connect to the chosen route's upstream, which the client does
+// only for its own routes' upstreams before copying bytes both ways.
+//
+// It never dials anything but the tunnel server and the routes' upstreams.
+package client
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	frpauth "github.com/fatedier/frp/pkg/auth"
+	v1 "github.com/fatedier/frp/pkg/config/v1"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/zap"
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tether-dev/tether/proxy"
+)
+
+// Config configures a Client. Zero durations take the documented defaults.
+type Config struct {
+	// Server is the tunnel server, HOST:PORT.
+	Server string
+	// TokenFile holds the JWT; it is re-read at every connect, so a rotated
+	// Kubernetes Secret takes effect without a restart.
+	TokenFile string
+	// Routes are the upstreams requests are forwarded to; nothing else is
+	// ever dialed. Empty: proxy.DefaultRoutes().
+	Routes []proxy.Route
+	// HealthAddr serves /healthz, /readyz, /status and /metrics. "" = none.
+	HealthAddr string
+	// Transport is "tcp" (TLS over TCP, the default) or "wss" (TLS websocket,
+	// for networks that let only HTTPS out).
+	Transport string
+	// Proxy is the egress proxy URL (http://, https://, socks5://, socks5h://;
+	// user:password@ for authentication). "" takes HTTPS_PROXY / ALL_PROXY
+	// with NO_PROXY from the environment; "direct" ignores the environment.
+	Proxy string
+	// TLSCAFile adds CA certificates to the system pool for verifying the
+	// server, e.g. the CA of a TLS-inspecting proxy.
+	TLSCAFile string
+	// TLSServerName overrides the name verified in the server's certificate.
+	TLSServerName string
+	// TLSFingerprint pins the server's certificate by its SHA-256 (hex, colons
+	// optional) instead of verifying a chain: for self-signed servers.
+	TLSFingerprint string
+	// TLSInsecureSkipVerify disables server certificate verification.
+	TLSInsecureSkipVerify bool
+	// HeartbeatTimeout is how fast a dead connection is noticed. Default 15s.
+	HeartbeatTimeout time.Duration
+	// DialTimeout bounds one connection attempt (TCP, proxy, TLS). Default 10s.
+	DialTimeout time.Duration
+	// MaxReconnectDelay caps the exponential backoff between connection
+	// attempts. Default 30s.
+	MaxReconnectDelay time.Duration
+	// Getenv reads the environment (egress proxy variables); nil = os.Getenv.
+	Getenv func(string) string
+}
+
+func (c *Config) setDefaults() {
+	if c.Transport == "" {
+		c.Transport = "tcp"
+	}
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = 15 * time.Second
+	}
+	if c.DialTimeout == 0 {
+		c.DialTimeout = 10 * time.Second
+	}
+	if c.MaxReconnectDelay == 0 {
+		c.MaxReconnectDelay = 30 * time.Second
+	}
+	if c.Getenv == nil {
+		c.Getenv = os.Getenv
+	}
+	if len(c.Routes) == 0 {
+		c.Routes = proxy.DefaultRoutes()
+	}
+}
+
+// Validate reports every problem of the configuration, each naming its flag.
+func (c *Config) Validate() error {
+	var errs []error
+	if _, port, err := net.SplitHostPort(c.Server); err != nil || port == "" {
+		errs = append(errs, fmt.Errorf("--server %q: want HOST:PORT of the tunnel server, e.g. tunnels.example.com:443", c.Server))
+	}
+	if c.TokenFile == "" {
+		errs = append(errs, errors.New("--token-file is required: the file holding this tunnel's JWT (a mounted Secret)"))
+	}
+	if c.Transport != "tcp" && c.Transport != "wss" {
+		errs = append(errs, fmt.Errorf("--transport %q: want tcp or wss", c.Transport))
+	}
+	if c.TLSInsecureSkipVerify && (c.TLSCAFile != "" || c.TLSFingerprint != "") {
+		errs = append(errs, errors.New("--tls-insecure-skip-verify cannot be combined with --tls-ca or --tls-fingerprint: choose one way to trust the server"))
+	}
+	if c.TLSFingerprint != "" && c.TLSCAFile != "" {
+		errs = append(errs, errors.New("--tls-fingerprint and --tls-ca exclude each other: pin the certificate or verify its chain"))
+	}
+	if c.TLSFingerprint != "" {
+		if _, err := parseFingerprint(c.TLSFingerprint); err != nil {
+			errs = append(errs, fmt.Errorf("--tls-fingerprint: %w", err))
+		}
+	}
+	if _, err := parseProxyFlag(c.Proxy); err != nil {
+		errs = append(errs, err)
+	}
+	if c.HeartbeatTimeout < 3*time.Second {
+		errs = append(errs, fmt.Errorf("--heartbeat-timeout %v: want at least 3s", c.HeartbeatTimeout))
+	}
+	return errors.Join(errs...)
+}
+
+// Client keeps a tunnel connected and serves its requests.
+type Client struct {
+	cfg       Config
+	log       *zap.Logger
+	tunnel    string // from the token's sub, fixed for the process
+	routes    []proxy.Route
+	upstreams *upstreams
+	// advertisedRoutes is the routes as the login advertises them: a JSON
+	// list of route specs.
+	advertisedRoutes string
+	tlsConfig        *tls.Config
+	status           *status
+	metrics          *prometheus.Registry
+
+	frpConfig *v1.ClientCommonConfig
+	frpAuth   *frpauth.ClientAuth
+	frpRoute  v1.ProxyConfigurer
+}
+
+// New validates cfg and its routes and reads the token once to learn the
+// tunnel's name. It does not connect.
+func New(cfg Config, log *zap.Logger) (*Client, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	token, err := readToken(cfg.TokenFile)
+	if err != nil {
+		return nil, err
+	}
+	name, err := tunnelOf(token)
+	if err != nil {
+		return nil, fmt.Errorf("--token-file %s: %w", cfg.TokenFile, err)
+	}
+	tlsConfig, err := clientTLSConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	routes, err := proxy.ValidateRoutes(cfg.Routes)
+	if err != nil {
+		return nil, err
+	}
+	reg := prometheus.NewRegistry()
+	c := &Client{
+		cfg:              cfg,
+		log:              log.With(zap.String("tunnel", name)),
+		tunnel:           name,
+		routes:           routes,
+		upstreams:        newUpstreams(routes, reg),
+		advertisedRoutes: advertise(routes),
+		tlsConfig:        tlsConfig,
+		metrics:          reg,
+	}
+	if c.frpConfig, c.frpAuth, err = frpClientConfig(cfg.Server); err != nil {
+		return nil, err
+	}
+	c.frpRoute = frpRouteConfig(name)
+	c.status = newStatus(name, cfg.Server, cfg.Transport, routes)
+	reg.MustRegister(c.status.collectors()...)
+	return c, nil
+}
+
+// Tunnel is the name of the tunnel this client serves (the token's sub).
+func (c *Client) Tunnel() string { return c.tunnel }
+
+// Run connects and serves until ctx ends, reconnecting by itself. It listens
+// on HealthAddr when set.
+func (c *Client) Run(ctx context.Context) error {
+	var health net.Listener
+	if c.cfg.HealthAddr != "" {
+		var lc net.ListenConfig
+		ln, err := lc.Listen(ctx, "tcp", c.cfg.HealthAddr)
+		if err != nil {
+			return fmt.Errorf("listen on --health-addr %s: %w; pick a free port or stop the process using it", c.cfg.HealthAddr, err)
+		}
+		health = ln
+	}
+	return c.Serve(ctx, health)
+}
+
+// Serve is Run with the health listener given (nil for none); it closes it.
+func (c *Client) Serve(ctx context.Context, health net.Listener) error {
+	healthSrv := &http.Server{Handler: c.healthHandler(), ReadHeaderTimeout: 10 * time.Second}
+	g, gctx := errgroup.WithContext(ctx)
+	if health != nil {
+		g.Go(func() error {
+			if err := healthSrv.Serve(health); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		})
+		g.Go(func() error {
+			<-gctx.Done()
+			return healthSrv.Close()
+		})
+	}
+	g.Go(func() error { c.keepConnected(gctx); return nil })
+	c.log.Info("tether client started", zap.String("server", c.cfg.Server), zap.String("transport", c.cfg.Transport),
+		zap.String("health_addr", addrString(health)), zap.Strings("routes", routeStrings(c.routes)))
+	err := g.Wait()
+	c.log.Info("tether client stopped")
+	return err
+}
+
+func advertise(routes []proxy.Route) string {
+	b, _ := json.Marshal(routeStrings(routes)) // a []string always marshals
+	return string(b)
+}
+
+func routeStrings(routes []proxy.Route) []string {
+	out := make([]string, len(routes))
+	for i, r := range routes {
+		out[i] = r.String()
+	}
+	return out
+}
+
+func addrString(ln net.Listener) string {
+	if ln == nil {
+		return ""
+	}
+	return ln.Addr().String()
+}

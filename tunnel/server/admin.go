@@ -1,0 +1,77 @@
+package server
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// adminHandler serves the operator's endpoints:
+//
+//	GET /healthz      200 while the process runs
+//	GET /readyz       200 while serving, 503 before start-up completes and while draining
+//	GET /metrics      Prometheus
+//	GET /api/tunnels  JSON list of connected tunnels (bearer token unless the admin address is loopback)
+//	GET /debug/pprof/ Go profiles (same protection as /api/)
+func (s *Server) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		writeText(w, http.StatusOK, "ok")
+	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		switch {
+		case s.draining.Load():
+			writeText(w, http.StatusServiceUnavailable, "draining")
+		case !s.ready.Load():
+			writeText(w, http.StatusServiceUnavailable, "starting")
+		default:
+			writeText(w, http.StatusOK, "ready")
+		}
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /api/tunnels", s.requireAdminToken(http.HandlerFunc(s.listTunnels)))
+	// Profiles for an operator chasing CPU or memory, behind the admin token.
+	mux.Handle("GET /debug/pprof/", s.requireAdminToken(http.HandlerFunc(pprof.Index)))
+	mux.Handle("GET /debug/pprof/profile", s.requireAdminToken(http.HandlerFunc(pprof.Profile)))
+	return mux
+}
+
+func (s *Server) listTunnels(w http.ResponseWriter, _ *http.Request) {
+	sessions := s.registry.List()
+	list := make([]Info, 0, len(sessions))
+	for _, sess := range sessions {
+		list = append(list, sess.Info())
+	}
+	w.Header().Set("Content-Type", "application/json")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(list)
+}
+
+// requireAdminToken demands "Authorization: Bearer <token>" when an admin
+// token is configured. New refuses a non-loopback admin address without one.
+func (s *Server) requireAdminToken(next http.Handler) http.Handler {
+	if s.adminToken == "" {
+		return next
+	}
+	want := []byte(s.adminToken)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tether admin"`)
+			writeText(w, http.StatusUnauthorized, "missing or wrong admin token: send Authorization: Bearer <the --admin-token-file contents>")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func writeText(w http.ResponseWriter, status int, body string) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write([]byte(body + "\n"))
+}

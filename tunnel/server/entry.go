@@ -1,0 +1,232 @@
+package server
+
+import (
+	"bufio"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/netip"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/proxy"
+)
+
+// entry is the public HTTP entry: a request for <tunnel>.<domain> goes to
+// that tunnel's session and nowhere else.
+type entry struct {
+	server   *Server
+	domain   string // lower case, without leading or trailing dot
+	registry Registry
+	metrics  *metrics
+	log      *zap.Logger
+}
+
+func (e *entry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	start := time.Now()
+	name, ok := tunnelName(r.Host, e.domain)
+	if !ok {
+		e.metrics.unrouted.WithLabelValues("unknown_host").Inc()
+		proxy.WriteError(w, http.StatusNotFound, "unknown_host",
+			fmt.Sprintf("tether: no tunnel is served at host %q; tunnels are served at <name>.%s", r.Host, e.domain))
+		return
+	}
+	sess, ok := e.registry.Lookup(name)
+	var forward http.Handler
+	if ok {
+		forward, ok = sess.routed()
+	}
+	if !ok {
+		e.metrics.unrouted.WithLabelValues("tunnel_down").Inc()
+		proxy.WriteError(w, http.StatusServiceUnavailable, "tunnel_down",
+			fmt.Sprintf("tether: tunnel %q is not connected; check the tether client in that cluster", name))
+		return
+	}
+	e.server.setForwarded(r)
+	rec := &statusRecorder{ResponseWriter: w}
+	forward.ServeHTTP(rec, r)
+	sess.countRequest(rec.status)
+	e.metrics.requestDuration.WithLabelValues(classLabel(rec.status)).Observe(time.Since(start).Seconds())
+}
+
+// tunnelName extracts N from a Host of N.<domain>, with or without a port.
+func tunnelName(host, domain string) (string, bool) {
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
+	}
+	host = strings.TrimSuffix(strings.ToLower(host), ".")
+	name, ok := strings.CutSuffix(host, "."+domain)
+	if !ok || auth.ValidTunnelName(name) != nil {
+		return "", false
+	}
+	return name, true
+}
+
+// maxRoutes bounds the routes a client may advertise.
+const maxRoutes = 32
+
+// forwarder builds the handler that carries requests to sess's client.
+//
+// A tether client advertises its routes at login. The server runs the
+// router for them, so each request is parsed once, here: the router picks
+// the route by path and asks the client, on a stream of the session, to
+// connect to that route's upstream; the client checks the upstream is one
+// of its own and then only copies bytes. Streams stay open in per-upstream
+// keep-alive pools, so a request costs no new stream and no new dial.
+//
+// A stock frpc advertises nothing and is reached through frp's own HTTP
+// vhost, which routes by Host to the frp proxy the client registered.
+func (s *Server) forwarder(sess *Session) (http.Handler, error) {
+	specs, advertised, err := sess.advertisedRoutes()
+	if err != nil {
+		return nil, err
+	}
+	if !advertised {
+		return s.frpVhostProxy(), nil
+	}
+	if len(specs) == 0 || len(specs) > maxRoutes {
+		return nil, fmt.Errorf("the client advertised %d routes; want 1 to %d", len(specs), maxRoutes)
+	}
+	routes := make([]proxy.Route, 0, len(specs))
+	for _, spec := range specs {
+		r, err := proxy.ParseRoute(spec)
+		if err != nil {
+			return nil, fmt.Errorf("the client advertised an invalid route: %w", err)
+		}
+		routes = append(routes, r)
+	}
+	router, err := proxy.NewRouter(routes, sess.logger(), proxy.Options{DialContext: sess.dial})
+	if err != nil {
+		return nil, fmt.Errorf("the client advertised unusable routes: %w", err)
+	}
+	sess.atEnd(router.Close)
+	return router, nil
+}
+
+// frpVhostProxy forwards to frp's HTTP vhost, which routes by Host.
+func (s *Server) frpVhostProxy() http.Handler {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Host = s.frpVhostAddr
+			pr.Out.Host = pr.In.Host
+			// Rewrite drops X-Forwarded-*; the entry already set them.
+			for _, h := range forwardedHeaders {
+				pr.Out.Header[h] = pr.In.Header[h]
+			}
+		},
+		Transport:  s.frpTransport,
+		BufferPool: bufferPool{},
+		ErrorLog:   s.proxyErrorLog,
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the caller went away; nobody reads an answer
+			}
+			s.log.Warn("request through frp's vhost failed", zap.String("host", r.Host), zap.Error(err))
+			proxy.WriteError(w, http.StatusBadGateway, "tunnel_error", "tether: the tunnel could not carry the request; retry")
+		},
+	}
+}
+
+var forwardedHeaders = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
+
+// setForwarded sets X-Forwarded-For/-Host/-Proto on a public request
+// before it is routed, and drops Forwarded and X-Real-Ip. Values a caller
+// sent are kept only when the caller is a trusted proxy (--trusted-proxies);
+// from anyone else they are replaced, so the upstreams can rely on them.
+func (s *Server) setForwarded(r *http.Request) {
+	clientIP, _, _ := net.SplitHostPort(r.RemoteAddr)
+	forwardedFor, proto, host := clientIP, "http", r.Host
+	if r.TLS != nil {
+		proto = "https"
+	}
+	h := r.Header
+	if s.trusts(clientIP) {
+		if prior := h.Values("X-Forwarded-For"); len(prior) > 0 {
+			forwardedFor = strings.Join(prior, ", ") + ", " + clientIP
+		}
+		if p := h.Get("X-Forwarded-Proto"); p == "http" || p == "https" {
+			proto = p
+		}
+		if fh := h.Get("X-Forwarded-Host"); fh != "" {
+			host = fh
+		}
+	} else {
+		h.Del("Forwarded")
+		h.Del("X-Real-Ip")
+	}
+	h.Set("X-Forwarded-For", forwardedFor)
+	h.Set("X-Forwarded-Host", host)
+	h.Set("X-Forwarded-Proto", proto)
+}
+
+func (s *Server) trusts(ip string) bool {
+	addr, err := netip.ParseAddr(ip)
+	if err != nil {
+		return false
+	}
+	addr = addr.Unmap()
+	for _, p := range s.cfg.TrustedProxies {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
+}
+
+// statusRecorder notes the status a handler answered with. It exposes the
+// underlying writer to http.ResponseController (flushes, websocket hijacks).
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (r *statusRecorder) WriteHeader(code int) {
+	if r.status == 0 || r.status < 200 {
+		r.status = code
+	}
+	r.ResponseWriter.WriteHeader(code)
+}
+
+func (r *statusRecorder) Write(p []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.ResponseWriter.Write(p)
+}
+
+// Hijack records a protocol switch: httputil.ReverseProxy writes the 101 on
+// the hijacked connection, past WriteHeader.
+func (r *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+	conn, rw, err := http.NewResponseController(r.ResponseWriter).Hijack()
+	if err == nil {
+		r.status = http.StatusSwitchingProtocols
+	}
+	return conn, rw, err
+}
+
+func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
+
+// classLabel is the bounded status label of metrics: "2xx".."5xx", or
+// "error" when no response was written.
+func classLabel(status int) string {
+	if c := statusClass(status); c > 0 {
+		return strconv.Itoa(c) + "xx"
+	}
+	return "error"
+}
+
+// bufferPool lends 32 KiB copy buffers to the reverse proxies, so streaming a
+// body allocates nothing per request.
+type bufferPool struct{}
+
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (bufferPool) Get() []byte  { return *copyBuffers.Get().(*[]byte) }
+func (bufferPool) Put(b []byte) { copyBuffers.Put(&b) }

@@ -1,0 +1,264 @@
+package server
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/fatedier/frp/pkg/msg"
+	frputil "github.com/fatedier/frp/pkg/util/util"
+	"github.com/hashicorp/yamux"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel"
+	"github.com/tether-dev/tether/tunnel/client"
+)
+
+const testDomain = "tunnels.test"
+
+// keys signs test tokens with a fresh Ed25519 key.
+type keys struct {
+	signer  *auth.Signer
+	pubPath string
+}
+
+func newKeys(t testing.TB) *keys {
+	t.Helper()
+	dir := t.TempDir()
+	priv, pub := filepath.Join(dir, "key.pem"), filepath.Join(dir, "key.pub.pem")
+	if err := auth.GenerateKeyPair(auth.EdDSA, priv, pub); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := auth.LoadSigner(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &keys{signer: signer, pubPath: pub}
+}
+
+func (k *keys) token(t testing.TB, tunnelName string, ttl time.Duration) string {
+	t.Helper()
+	tok, err := k.signer.Issue(auth.IssueRequest{Tunnel: tunnelName, Account: "acct-" + tunnelName, TTL: ttl}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+func (k *keys) verifier(t testing.TB) *auth.Verifier {
+	t.Helper()
+	ks, err := auth.NewFileKeySource(k.pubPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := auth.NewVerifier(auth.VerifierConfig{Keys: ks})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return v
+}
+
+// testServer is a Server serving on loopback for the duration of a test.
+type testServer struct {
+	*Server
+	keys   *keys
+	tunnel string // tunnel listener address
+	entry  string // http://host:port of the public entry
+	admin  string // http://host:port of the admin endpoints
+}
+
+func startServer(t testing.TB, mutate ...func(*Config)) *testServer {
+	t.Helper()
+	k := newKeys(t)
+	cfg := Config{TunnelAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Domain: testDomain}
+	for _, m := range mutate {
+		m(&cfg)
+	}
+	srv, err := New(cfg, k.verifier(t), zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := Listeners{Tunnel: listen(t), HTTP: listen(t), Admin: listen(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ls) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return &testServer{
+		Server: srv, keys: k,
+		tunnel: ls.Tunnel.Addr().String(),
+		entry:  "http://" + ls.HTTP.Addr().String(),
+		admin:  "http://" + ls.Admin.Addr().String(),
+	}
+}
+
+func listen(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// get sends GET path for tunnel name to the public entry.
+func (s *testServer) get(t testing.TB, name, path string) (int, string, http.Header) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, s.entry+path, nil)
+	req.Host = name + "." + testDomain
+	return do(t, req)
+}
+
+func do(t testing.TB, req *http.Request) (int, string, http.Header) {
+	t.Helper()
+	resp, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatalf("read body of %s %s: %v", req.Method, req.URL, err)
+	}
+	return resp.StatusCode, string(b), resp.Header
+}
+
+// backend is an upstream that answers with its name.
+func backend(t testing.TB, name string) *httptestServer {
+	t.Helper()
+	return newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintf(w, "%s %s xff=%s", name, r.URL.Path, r.Header.Get("X-Forwarded-For"))
+	}))
+}
+
+type httptestServer = httptest.Server
+
+func newHTTPTestServer(t testing.TB, h http.Handler) *httptest.Server {
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv
+}
+
+// startClient runs a tether client for tunnel name whose "/" route goes to
+// upstream, and waits until it is ready.
+func (s *testServer) startClient(t testing.TB, name, upstream string) {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	writeFile(t, tokenFile, s.keys.token(t, name, time.Hour))
+	route, err := proxy.ParseRoute("/=" + upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Config{
+		Server: s.tunnel, TokenFile: tokenFile, Routes: []proxy.Route{route},
+		TLSFingerprint: s.Fingerprint(), Proxy: "direct",
+	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Serve(ctx, nil) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("client Serve: %v", err)
+		}
+	})
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if code, body, _ := s.get(t, name, "/"); code != http.StatusOK {
+			return fmt.Errorf("tunnel %s: %d %s", name, code, body)
+		}
+		return nil
+	})
+}
+
+// rawClient speaks frp's protocol directly over tether's session layer, the
+// way a hostile client would: TLS, yamux, hand-made messages.
+type rawClient struct {
+	t   testing.TB
+	mux *yamux.Session
+}
+
+func dialRaw(t testing.TB, addr string) *rawClient {
+	t.Helper()
+	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // test against a self-signed server
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux, err := yamux.Client(conn, tunnel.MuxConfig(15*time.Second, zap.NewNop()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mux.Close() })
+	return &rawClient{t: t, mux: mux}
+}
+
+// login sends a Login and returns the server's answer and the control stream.
+func (c *rawClient) login(token, runID string) (*msg.LoginResp, net.Conn) {
+	c.t.Helper()
+	stream, err := c.mux.OpenStream()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	now := time.Now().Unix()
+	login := &msg.Login{
+		Version: "0.71.0", RunID: runID, Timestamp: now,
+		PrivilegeKey: frputil.GetAuthKey("", now), // frp's shared-token check, with frp's empty token
+		Metas:        map[string]string{auth.TokenMetaKey: token},
+	}
+	if err := msg.WriteMsg(stream, login); err != nil {
+		c.t.Fatal(err)
+	}
+	_ = stream.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var resp msg.LoginResp
+	if err := msg.ReadMsgInto(stream, &resp); err != nil {
+		c.t.Fatalf("read login answer: %v", err)
+	}
+	_ = stream.SetReadDeadline(time.Time{})
+	return &resp, stream
+}
+
+// refused opens a stream, writes m and reports whether the server closed
+// the stream without a word. frp itself would answer or keep the stream.
+func (c *rawClient) refused(m msg.Message) bool {
+	c.t.Helper()
+	stream, err := c.mux.OpenStream()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	defer stream.Close()
+	if err := msg.WriteMsg(stream, m); err != nil {
+		c.t.Fatal(err)
+	}
+	_ = stream.SetReadDeadline(time.Now().Add(5 * time.Second))
+	got, err := msg.ReadMsg(stream)
+	if err == nil {
+		c.t.Logf("server answered %T %+v", got, got)
+	}
+	return errors.Is(err, io.EOF)
+}
+
+func writeFile(t testing.TB, path, content string) {
+	t.Helper()
+	if err := os.WriteFile(path, []byte(content+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}

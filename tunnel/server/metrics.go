@@ -1,0 +1,118 @@
+package server
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/tether-dev/tether/auth"
+)
+
+// metrics are the server's Prometheus metrics, on a registry of its own.
+//
+// Label cardinality is bounded: reasons and status classes are fixed sets,
+// and per-tunnel series exist only for connected tunnels, because they are
+// read from the registry at scrape time instead of being kept in vectors
+// that would remember every tunnel ever seen.
+type metrics struct {
+	reg              *prometheus.Registry
+	sessionsReplaced prometheus.Counter
+	loginsAccepted   prometheus.Counter
+	loginsRejected   *prometheus.CounterVec
+	routesRejected   *prometheus.CounterVec
+	refusedStreams   *prometheus.CounterVec
+	unrouted         *prometheus.CounterVec
+	requestDuration  *prometheus.HistogramVec
+}
+
+func newMetrics(registry Registry) *metrics {
+	m := &metrics{
+		reg: prometheus.NewRegistry(),
+		sessionsReplaced: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_sessions_replaced_total",
+			Help: "Tunnel sessions ended because a newer login of the same tunnel took over (e.g. after a NAT dropped the old connection).",
+		}),
+		loginsAccepted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_logins_accepted_total",
+			Help: "Tunnel client logins accepted.",
+		}),
+		loginsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_logins_rejected_total",
+			Help: "Tunnel client logins rejected, by reason (expired, bad_signature, run_id, ...).",
+		}, []string{"reason"}),
+		routesRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_routes_rejected_total",
+			Help: "Route registrations (frp NewProxy) rejected, by reason.",
+		}, []string{"reason"}),
+		refusedStreams: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_streams_refused_total",
+			Help: "Client streams refused by the session layer before reaching frp, by reason.",
+		}, []string{"reason"}),
+		unrouted: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_http_unrouted_requests_total",
+			Help: "Public HTTP requests answered by tether itself: unknown_host (404) or tunnel_down (503).",
+		}, []string{"reason"}),
+		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "tether_http_request_duration_seconds",
+			Help:    "Time to serve a public HTTP request through a tunnel, until the response body ends, by status class.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"code_class"}),
+	}
+	m.reg.MustRegister(
+		m.sessionsReplaced, m.loginsAccepted, m.loginsRejected, m.routesRejected,
+		m.refusedStreams, m.unrouted, m.requestDuration,
+		tunnelCollector{registry: registry},
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return m
+}
+
+// LoginAccepted implements auth.Observer.
+func (m *metrics) LoginAccepted(*auth.Claims) { m.loginsAccepted.Inc() }
+
+// LoginRejected implements auth.Observer.
+func (m *metrics) LoginRejected(reason auth.Reason) {
+	m.loginsRejected.WithLabelValues(string(reason)).Inc()
+}
+
+// RouteRejected implements auth.Observer.
+func (m *metrics) RouteRejected(reason auth.Reason) {
+	m.routesRejected.WithLabelValues(string(reason)).Inc()
+}
+
+var (
+	tunnelsDesc = prometheus.NewDesc("tether_tunnels_connected",
+		"Tunnels with a logged-in session on this server.", nil, nil)
+	tunnelRequestsDesc = prometheus.NewDesc("tether_tunnel_requests_total",
+		"Public HTTP requests served through a tunnel's current session, by status class (error = failed before a response).",
+		[]string{"tunnel", "code_class"}, nil)
+	tunnelBytesDesc = prometheus.NewDesc("tether_tunnel_bytes_total",
+		"Bytes on a tunnel's current session connection; in = sent by the client.",
+		[]string{"tunnel", "direction"}, nil)
+)
+
+// tunnelCollector reads per-tunnel series from the registry at scrape time.
+type tunnelCollector struct{ registry Registry }
+
+func (c tunnelCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- tunnelsDesc
+	ch <- tunnelRequestsDesc
+	ch <- tunnelBytesDesc
+}
+
+func (c tunnelCollector) Collect(ch chan<- prometheus.Metric) {
+	sessions := c.registry.List()
+	ch <- prometheus.MustNewConstMetric(tunnelsDesc, prometheus.GaugeValue, float64(len(sessions)))
+	for _, s := range sessions {
+		name := s.Tunnel()
+		for class := range s.requests {
+			n := s.requests[class].Load()
+			if n == 0 {
+				continue
+			}
+			ch <- prometheus.MustNewConstMetric(tunnelRequestsDesc, prometheus.CounterValue, float64(n), name, classLabel(class*100))
+		}
+		ch <- prometheus.MustNewConstMetric(tunnelBytesDesc, prometheus.CounterValue, float64(s.conn.read.Load()), name, "in")
+		ch <- prometheus.MustNewConstMetric(tunnelBytesDesc, prometheus.CounterValue, float64(s.conn.written.Load()), name, "out")
+	}
+}
