@@ -4,6 +4,9 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/tether-dev/tether/internal/version.Version=$(VERSION)
 FUZZTIME ?= 10s
+GOLANGCI_LINT_VERSION := v2.15.0
+GOBIN   ?= $(shell $(GO) env GOPATH)/bin
+GOLANGCI := $(GOBIN)/golangci-lint
 
 .PHONY: help build run test lint fmt fuzz bench e2e clean
 
@@ -22,10 +25,12 @@ test: ## run every test with the race detector (unit and end-to-end)
 e2e: ## run only the end-to-end tests
 	$(GO) test -race -timeout 30m ./test/...
 
-lint: ## vet, formatting and module tidiness
-	$(GO) vet ./...
-	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
+lint: $(GOLANGCI) ## golangci-lint (.golangci.yml) and module tidiness
+	$(GOLANGCI) run ./...
 	$(GO) mod tidy -diff
+
+$(GOLANGCI): # installed once, at the pinned version
+	GOBIN=$(GOBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
 fmt: ## format the code
 	gofmt -w $$(git ls-files '*.go')

@@ -310,7 +310,7 @@ func routeProblems(tunnel string, np *msg.NewProxy) []string {
 	if np.Group != "" || np.GroupKey != "" {
 		add("load balancing group %s is not allowed: a tunnel has one client session; remove group and group_key", quote(np.Group))
 	}
-	if !(len(np.Locations) == 0 || (len(np.Locations) == 1 && np.Locations[0] == "/")) {
+	if len(np.Locations) > 1 || (len(np.Locations) == 1 && np.Locations[0] != "/") {
 		add(`locations %s is not allowed: a tunnel serves every path; remove locations (or use ["/"])`, quoteList(np.Locations))
 	}
 	if np.HTTPUser != "" || np.HTTPPwd != "" || np.RouteByHTTPUser != "" {

@@ -85,6 +85,12 @@ type tokenHeader struct {
 	Crit json.RawMessage `json:"crit"`
 }
 
+// ValidUntil is the last moment the verifier accepts claims: their expiry
+// plus the clock-skew leeway. A session that lives no longer than its token
+// ends then, and not earlier, so that a login accepted inside the leeway is
+// not dropped at once.
+func (v *Verifier) ValidUntil(c *Claims) time.Time { return c.ExpiresAt.Add(v.leeway) }
+
 // Verify checks a token and returns its claims. It checks, in order: the
 // JWT structure; that alg is EdDSA, ES256, RS256 or HS256 (never "none");
 // that the key named by kid is trusted and has that alg, or, when the token

@@ -157,5 +157,5 @@ func WriteError(w http.ResponseWriter, status int, code, msg string) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set(ErrorHeader, code)
 	w.WriteHeader(status)
-	_, _ = io.WriteString(w, msg+"\n")
+	_, _ = io.WriteString(w, msg+"\n") //nolint:gosec // text/plain with nosniff: never rendered as HTML
 }

@@ -182,10 +182,10 @@ func cleanPrefix(p string) (string, error) {
 	}
 	p = strings.TrimSuffix(p, "/")
 	for seg := range strings.SplitSeq(p[1:], "/") {
-		switch {
-		case seg == "":
+		switch seg {
+		case "":
 			return "", fmt.Errorf("prefix %q has an empty segment; want e.g. /argo-cd", p)
-		case seg == "." || seg == "..":
+		case ".", "..":
 			return "", fmt.Errorf("prefix %q has a %q segment; want e.g. /argo-cd", p, seg)
 		}
 		for i := 0; i < len(seg); i++ {

@@ -47,7 +47,7 @@ func WriteDialRequest(w io.Writer, addr string) error {
 	}
 	b := make([]byte, 4, 4+len(addr))
 	b[0], b[1] = dialRequestMagic, dialVersion
-	binary.BigEndian.PutUint16(b[2:], uint16(len(addr)))
+	binary.BigEndian.PutUint16(b[2:], uint16(len(addr))) //nolint:gosec // at most maxDialField, checked above
 	_, err := w.Write(append(b, addr...))
 	return err
 }
@@ -71,7 +71,7 @@ func WriteDialReply(w io.Writer, code DialCode, msg string) error {
 	}
 	b := make([]byte, 4, 4+len(msg))
 	b[0], b[1] = dialReplyMagic, byte(code)
-	binary.BigEndian.PutUint16(b[2:], uint16(len(msg)))
+	binary.BigEndian.PutUint16(b[2:], uint16(len(msg))) //nolint:gosec // at most maxDialField, cut above
 	_, err := w.Write(append(b, msg...))
 	return err
 }

@@ -159,7 +159,8 @@ func demoListeners(httpAddr string) (server.Listeners, net.Listener, error) {
 			return nil
 		}
 		var ln net.Listener
-		if ln, err = net.Listen("tcp", addr); err != nil {
+		var lc net.ListenConfig
+		if ln, err = lc.Listen(context.Background(), "tcp", addr); err != nil {
 			err = fmt.Errorf("listen on %s: %w", addr, err)
 		}
 		return ln

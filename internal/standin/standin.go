@@ -148,7 +148,7 @@ func events() http.Handler {
 // rollouts serves the dashboard under its default root path /rollouts.
 func rollouts() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/rollouts/", func(w http.ResponseWriter, r *http.Request) {
+	mux.HandleFunc("/rollouts/", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/html; charset=utf-8")
 		_, _ = io.WriteString(w, "<!doctype html><title>Argo Rollouts (stand-in)</title><h1>Argo Rollouts dashboard stand-in</h1>\n")
 	})
@@ -167,14 +167,15 @@ func writeJSON(w http.ResponseWriter, v any) {
 type Set struct {
 	URLs    map[string]string // name -> http://127.0.0.1:port
 	servers []*http.Server
-	done    chan error
+	done    chan struct{} // one value per stand-in that stopped serving
 }
 
 // Start runs every stand-in on its own loopback port.
 func Start() (*Set, error) {
-	s := &Set{URLs: make(map[string]string), done: make(chan error, len(Names()))}
+	s := &Set{URLs: make(map[string]string), done: make(chan struct{}, len(Names()))}
 	for _, name := range Names() {
-		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		var lc net.ListenConfig
+		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("listen for the %s stand-in: %w", name, err)
@@ -182,7 +183,10 @@ func Start() (*Set, error) {
 		srv := &http.Server{Handler: Handler(name), ReadHeaderTimeout: 10 * time.Second}
 		s.servers = append(s.servers, srv)
 		s.URLs[name] = "http://" + ln.Addr().String()
-		go func() { s.done <- srv.Serve(ln) }()
+		go func() {
+			_ = srv.Serve(ln) // http.ErrServerClosed once Close shuts it down
+			s.done <- struct{}{}
+		}()
 	}
 	return s, nil
 }
@@ -195,6 +199,6 @@ func (s *Set) Close() {
 		_ = srv.Shutdown(ctx)
 	}
 	for range s.servers {
-		<-s.done // http.ErrServerClosed, or the error that stopped it early
+		<-s.done
 	}
 }

@@ -43,7 +43,7 @@ func (c *Client) keepConnected(ctx context.Context) {
 		if loggedIn {
 			delay = minDelay
 		}
-		wait := delay/2 + rand.N(delay/2+1)
+		wait := delay/2 + rand.N(delay/2+1) //nolint:gosec // jitter, not a secret
 		c.log.Debug("next connection attempt", zap.Duration("in", wait))
 		t := time.NewTimer(wait)
 		select {

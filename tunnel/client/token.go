@@ -30,7 +30,7 @@ func readToken(path string) (string, error) {
 func tunnelOf(token string) (string, error) {
 	var claims jwt.RegisteredClaims
 	if _, _, err := jwt.NewParser().ParseUnverified(token, &claims); err != nil {
-		return "", fmt.Errorf("not a JWT (%v): put the token from `tether token issue` in the file", err)
+		return "", fmt.Errorf("not a JWT (%w): put the token from `tether token issue` in the file", err)
 	}
 	if err := auth.ValidTunnelName(claims.Subject); err != nil {
 		return "", fmt.Errorf("token's sub %q is not a tunnel name: %w", claims.Subject, err)

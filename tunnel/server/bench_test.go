@@ -1,25 +1,18 @@
 package server
 
 import (
-	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"strings"
 	"testing"
 )
 
 // BenchmarkRequestPath measures one small GET through the whole request
-// path, in one process: public entry, tunnel session, client router,
+// path, in one process: public entry and router, tunnel session, client,
 // upstream. Compare with BenchmarkDirect for the cost of the tunnel.
 func BenchmarkRequestPath(b *testing.B) {
 	s := startServer(b)
-	be := smallBackend(b)
-	os.Setenv("SPLICE", be.Listener.Addr().String())
-	if os.Getenv("NOSPLICE") != "" {
-		os.Setenv("SPLICE", "")
-	}
-	s.startClient(b, "alpha", be.URL)
+	s.startClient(b, "alpha", smallBackend(b).URL)
 	benchmarkGET(b, s.entry+"/small", "alpha."+testDomain)
 }
 
@@ -53,7 +46,7 @@ func benchmarkGET(b *testing.B, url, host string) {
 			_, _ = io.Copy(io.Discard, resp.Body)
 			_ = resp.Body.Close()
 			if resp.StatusCode != http.StatusOK {
-				b.Error(fmt.Sprintf("status %d", resp.StatusCode))
+				b.Errorf("status %d", resp.StatusCode)
 				return
 			}
 		}

@@ -18,41 +18,33 @@ import (
 	"github.com/tether-dev/tether/proxy"
 )
 
-// entry is the public HTTP entry: a request for <tunnel>.<domain> goes to
-// that tunnel's session and nowhere else.
-type entry struct {
-	server   *Server
-	domain   string // lower case, without leading or trailing dot
-	registry Registry
-	metrics  *metrics
-	log      *zap.Logger
-}
-
-func (e *entry) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+// serveEntry is the public HTTP entry: a request for <tunnel>.<domain> goes
+// to that tunnel's session and nowhere else.
+func (s *Server) serveEntry(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
-	name, ok := tunnelName(r.Host, e.domain)
+	name, ok := tunnelName(r.Host, s.cfg.Domain)
 	if !ok {
-		e.metrics.unrouted.WithLabelValues("unknown_host").Inc()
+		s.metrics.unrouted.WithLabelValues("unknown_host").Inc()
 		proxy.WriteError(w, http.StatusNotFound, "unknown_host",
-			fmt.Sprintf("tether: no tunnel is served at host %q; tunnels are served at <name>.%s", r.Host, e.domain))
+			fmt.Sprintf("tether: no tunnel is served at host %q; tunnels are served at <name>.%s", r.Host, s.cfg.Domain))
 		return
 	}
-	sess, ok := e.registry.Lookup(name)
+	sess, ok := s.registry.Lookup(name)
 	var forward http.Handler
 	if ok {
 		forward, ok = sess.routed()
 	}
 	if !ok {
-		e.metrics.unrouted.WithLabelValues("tunnel_down").Inc()
+		s.metrics.unrouted.WithLabelValues("tunnel_down").Inc()
 		proxy.WriteError(w, http.StatusServiceUnavailable, "tunnel_down",
 			fmt.Sprintf("tether: tunnel %q is not connected; check the tether client in that cluster", name))
 		return
 	}
-	e.server.setForwarded(r)
+	s.setForwarded(r)
 	rec := &statusRecorder{ResponseWriter: w}
 	forward.ServeHTTP(rec, r)
 	sess.countRequest(rec.status)
-	e.metrics.requestDuration.WithLabelValues(classLabel(rec.status)).Observe(time.Since(start).Seconds())
+	s.metrics.requestDuration.WithLabelValues(classLabel(rec.status)).Observe(time.Since(start).Seconds())
 }
 
 // tunnelName extracts N from a Host of N.<domain>, with or without a port.

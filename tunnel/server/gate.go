@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"context"
 	"crypto/rand"
 	"crypto/tls"
 	"encoding/hex"
@@ -41,6 +42,9 @@ const (
 	// (transport.tls.disableCustomTLSFirstByte = false).
 	frpTLSHeadByte     = 0x17
 	tlsRecordHandshake = 0x16
+	// controlCloseGrace is how long a session outlives its closed control
+	// stream, unless the client closes it first.
+	controlCloseGrace = 2 * time.Second
 )
 
 // serveTunnel accepts tunnel clients on ln until ln is closed.
@@ -155,8 +159,13 @@ func (s *Server) admitStream(sess *Session, stream net.Conn) {
 		}
 		m.Metas[auth.SessionMetaKey] = sess.id // overwrites anything the client sent
 		// When frp closes the control stream (a rejected login, a replaced
-		// control, a client that left), the whole session ends with it.
-		s.toFRP(op, &controlStream{Conn: stream, end: func() { sess.Close("control connection closed") }})
+		// control, a client that left), the whole session ends with it,
+		// after a grace that lets frp's last words (a login rejection)
+		// reach the client: closing a connection that still has unread
+		// bytes resets it, and the client would see only the reset.
+		s.toFRP(op, &controlStream{Conn: stream, end: func() {
+			sess.after(controlCloseGrace, func() { sess.Close("control connection closed") })
+		}})
 	case *msg.NewWorkConn:
 		if err := s.tenancy.admitsWork(sess, m.RunID); err != nil {
 			_ = stream.Close()
@@ -206,7 +215,9 @@ func (s *Server) handshake(raw net.Conn) (net.Conn, string, error) {
 		return nil, "", fmt.Errorf("not a TLS connection (first byte 0x%02x): tunnel clients must use TLS (frpc: transport.tls.enable = true)", first[0])
 	}
 	tlsConn := tls.Server(&bufferedConn{Conn: raw, r: br}, s.tlsConfig)
-	if err := tlsConn.Handshake(); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), handshakeTimeout)
+	defer cancel()
+	if err := tlsConn.HandshakeContext(ctx); err != nil {
 		return nil, "", fmt.Errorf("TLS handshake: %w", err)
 	}
 	tb := bufio.NewReader(tlsConn)

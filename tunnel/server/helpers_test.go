@@ -58,13 +58,14 @@ func (k *keys) token(t testing.TB, tunnelName string, ttl time.Duration) string 
 	return tok
 }
 
-func (k *keys) verifier(t testing.TB) *auth.Verifier {
+// verifier trusts the keys with the given clock-skew leeway (0: the default).
+func (k *keys) verifier(t testing.TB, leeway time.Duration) *auth.Verifier {
 	t.Helper()
 	ks, err := auth.NewFileKeySource(k.pubPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	v, err := auth.NewVerifier(auth.VerifierConfig{Keys: ks})
+	v, err := auth.NewVerifier(auth.VerifierConfig{Keys: ks, Leeway: leeway})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,12 +83,19 @@ type testServer struct {
 
 func startServer(t testing.TB, mutate ...func(*Config)) *testServer {
 	t.Helper()
+	return startServerLeeway(t, 0, mutate...)
+}
+
+// startServerLeeway starts a server whose token verifier allows leeway of
+// clock skew (negative: none).
+func startServerLeeway(t testing.TB, leeway time.Duration, mutate ...func(*Config)) *testServer {
+	t.Helper()
 	k := newKeys(t)
 	cfg := Config{TunnelAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Domain: testDomain}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	srv, err := New(cfg, k.verifier(t), zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
+	srv, err := New(cfg, k.verifier(t, leeway), zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
 	if err != nil {
 		t.Fatal(err)
 	}

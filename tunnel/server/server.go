@@ -195,7 +195,7 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	s.certs = certs
 	s.tlsConfig = &tls.Config{GetCertificate: certs.GetCertificate, MinVersion: tls.VersionTLS12}
 	s.metrics = newMetrics(s.registry)
-	s.tenancy = newTenancy(s.registry, s.metrics, log.Named("tenancy"), s.forwarder)
+	s.tenancy = newTenancy(verifier, s.registry, s.metrics, log.Named("tenancy"), s.forwarder)
 	return s, nil
 }
 
@@ -238,7 +238,8 @@ func (s *Server) Run(ctx context.Context) error {
 // tunnels. It returns after every goroutine it started has ended.
 func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	plugin := auth.NewPlugin(s.verifier, s.tenancy, s.log.Named("auth"), s.metrics)
-	pluginLn, err := net.Listen("tcp", "127.0.0.1:0")
+	var lc net.ListenConfig
+	pluginLn, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
 		closeAll(ls)
 		return fmt.Errorf("listen for the in-process auth plugin: %w", err)
@@ -258,10 +259,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	s.frpVhostAddr, s.frpTransport = frp.vhostAddr, frp.transport()
 
 	entrySrv := &http.Server{
-		Handler: &entry{
-			server: s, domain: s.cfg.Domain, registry: s.registry,
-			metrics: s.metrics, log: s.log.Named("entry"),
-		},
+		Handler:           http.HandlerFunc(s.serveEntry),
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          zap.NewStdLog(s.log.Named("entry")),

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -322,7 +321,7 @@ func (c *tunnelConn) Write(p []byte) (int, error) {
 }
 
 func (c *tunnelConn) explain(err error) error {
-	if err == nil || errors.Is(err, io.EOF) {
+	if err == nil {
 		return err
 	}
 	select {
@@ -396,12 +395,12 @@ type countingConn struct {
 
 func (c *countingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
-	c.read.Add(uint64(n))
+	c.read.Add(uint64(n)) //nolint:gosec // n >= 0
 	return n, err
 }
 
 func (c *countingConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
-	c.written.Add(uint64(n))
+	c.written.Add(uint64(n)) //nolint:gosec // n >= 0
 	return n, err
 }

@@ -15,6 +15,7 @@ import (
 // plugin calls it (it implements auth.Tunnels); the gate asks it whether a
 // stream may reach frp.
 type tenancy struct {
+	verifier *auth.Verifier
 	registry Registry
 	metrics  *metrics
 	log      *zap.Logger
@@ -25,8 +26,9 @@ type tenancy struct {
 	sessions map[string]*Session // every connected session, logged in or not
 }
 
-func newTenancy(registry Registry, m *metrics, log *zap.Logger, forwarder func(*Session) (http.Handler, error)) *tenancy {
+func newTenancy(verifier *auth.Verifier, registry Registry, m *metrics, log *zap.Logger, forwarder func(*Session) (http.Handler, error)) *tenancy {
 	return &tenancy{
+		verifier:  verifier,
 		registry:  registry,
 		metrics:   m,
 		log:       log,
@@ -96,7 +98,7 @@ func (t *tenancy) Login(sessionID string, claims *auth.Claims) error {
 	}
 	// A session lives no longer than its token: the client's next login
 	// reads the current token file.
-	sess.after(time.Until(claims.ExpiresAt), func() { sess.Close("token expired") })
+	sess.after(time.Until(t.verifier.ValidUntil(claims)), func() { sess.Close("token expired") })
 	info := sess.Info()
 	sess.logger().Info("tunnel connected",
 		zap.String("account", claims.Account), zap.String("runtime", claims.Runtime),

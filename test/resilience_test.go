@@ -1,0 +1,249 @@
+package test
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/testutil"
+)
+
+// waitNotReady waits until the client's /readyz stops answering 200.
+func (c *client) waitNotReady(t testing.TB, timeout time.Duration) {
+	t.Helper()
+	testutil.WaitFor(t, timeout, func() error {
+		code, body, err := c.readyz()
+		if err != nil {
+			return err
+		}
+		if code == http.StatusOK {
+			return fmt.Errorf("client still ready: %s", strings.TrimSpace(body))
+		}
+		return nil
+	})
+}
+
+// TestServerRestart: after the server is killed and started again on the
+// same tunnel address, the client reconnects by itself and requests
+// succeed again.
+func TestServerRestart(t *testing.T) {
+	t.Parallel()
+	k := newKeys(t)
+	srv := startServer(t, k, serverOpts{})
+	b := newBackend(t, "backend", nil)
+	c := startClient(t, srv, clientOpts{tokenFile: writeToken(t, k.issue(t, "alpha", time.Hour)), routes: []string{"/=" + b.url()}})
+	srv.waitServedBy(t, "alpha", "backend", readyTimeout)
+
+	killed := time.Now()
+	srv.kill()
+	c.waitNotReady(t, 30*time.Second)
+	t.Logf("client noticed the dead server after %v", time.Since(killed).Round(time.Millisecond))
+
+	srv2 := startServer(t, k, serverOpts{tunnelAddr: srv.tunnelAddr})
+	restarted := time.Now()
+	srv2.waitServedBy(t, "alpha", "backend", 30*time.Second)
+	t.Logf("requests succeed again %v after the restart (%v after the kill)",
+		time.Since(restarted).Round(time.Millisecond), time.Since(killed).Round(time.Millisecond))
+
+	c.waitReady(t, 10*time.Second)
+	st, err := c.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Reconnects < 1 || !st.Ready || !st.Connected {
+		t.Errorf("client /status: reconnects %d, ready %v, connected %v; want >= 1, true, true", st.Reconnects, st.Ready, st.Connected)
+	}
+	if c.exited() {
+		t.Errorf("client exited; want it to reconnect by itself")
+	}
+}
+
+// TestFrozenPath: when the path to the server goes dark without either side
+// closing, the client notices within its heartbeat timeout, reconnects, and
+// the server hands it the route at once instead of waiting for the old
+// session's heartbeat timeout (30s, the default, here).
+func TestFrozenPath(t *testing.T) {
+	t.Parallel()
+	const heartbeat = 3 * time.Second
+	k := newKeys(t)
+	srv := startServer(t, k, serverOpts{})
+	b := newBackend(t, "backend", nil)
+	rl := newRelay(t, srv.tunnelAddr)
+	c := startClient(t, srv, clientOpts{
+		server:    rl.addr(),
+		tokenFile: writeToken(t, k.issue(t, "alpha", time.Hour)),
+		routes:    []string{"/=" + b.url()},
+		args:      []string{"--heartbeat-timeout", heartbeat.String()},
+	})
+	srv.waitServedBy(t, "alpha", "backend", readyTimeout)
+	replacedBefore := srv.metric(t, "tether_sessions_replaced_total")
+	st, err := c.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reconnectsBefore := st.Reconnects
+
+	if n := rl.freeze(); n != 1 {
+		t.Fatalf("froze %d connections, want the client's one", n)
+	}
+	frozen := time.Now()
+	testutil.WaitFor(t, 4*heartbeat, func() error {
+		st, err := c.status()
+		if err != nil {
+			return err
+		}
+		if st.Reconnects == reconnectsBefore && st.Connected {
+			return fmt.Errorf("client has not noticed the frozen path: %+v", st)
+		}
+		return nil
+	})
+	noticed := time.Since(frozen)
+	t.Logf("client noticed the frozen path after %v (heartbeat timeout %v)", noticed.Round(time.Millisecond), heartbeat)
+	if slack := 2 * time.Second; noticed > heartbeat+slack {
+		t.Errorf("client noticed the frozen path after %v; want within its --heartbeat-timeout %v (+%v slack)", noticed, heartbeat, slack)
+	}
+
+	// New connections through the relay are not frozen: the client comes
+	// back through it, and the server must serve the new session at once.
+	srv.waitServedBy(t, "alpha", "backend", 20*time.Second)
+	back := time.Since(frozen)
+	t.Logf("requests succeed again %v after the freeze", back.Round(time.Millisecond))
+	if limit := 15 * time.Second; back > limit {
+		t.Errorf("requests succeeded again only %v after the freeze; want within %v (the old session's 30s timeout must not matter)", back, limit)
+	}
+	if got := srv.metric(t, "tether_sessions_replaced_total"); got <= replacedBefore {
+		t.Errorf("tether_sessions_replaced_total = %v, want above %v: the new login must replace the frozen session", got, replacedBefore)
+	}
+	if got := rl.accepted.Load(); got < 2 {
+		t.Errorf("relay accepted %d connections, want the reconnect to come through it too", got)
+	}
+	list := srv.tunnels(t)
+	if len(list) != 1 {
+		t.Errorf("server lists %d tunnels, want only the new alpha session: %v", len(list), list)
+	}
+	rl.thaw()
+	// The old connection, thawed, must not take the tunnel back.
+	for range 10 {
+		if _, err := srv.echoFrom("alpha", "/"); err != nil {
+			t.Errorf("after thawing the old connection: %v", err)
+			break
+		}
+	}
+}
+
+// TestSameTokenReplaces: a second client logging in with the same token
+// takes over the tunnel at once; the server counts the replaced session.
+func TestSameTokenReplaces(t *testing.T) {
+	t.Parallel()
+	k := newKeys(t)
+	srv := startServer(t, k, serverOpts{})
+	b1 := newBackend(t, "first", nil)
+	b2 := newBackend(t, "second", nil)
+	token := writeToken(t, k.issue(t, "alpha", time.Hour))
+	c1 := startClient(t, srv, clientOpts{tokenFile: token, routes: []string{"/=" + b1.url()}})
+	srv.waitServedBy(t, "alpha", "first", readyTimeout)
+	replacedBefore := srv.metric(t, "tether_sessions_replaced_total")
+
+	start := time.Now()
+	startClient(t, srv, clientOpts{tokenFile: token, routes: []string{"/=" + b2.url()}})
+	srv.waitServedBy(t, "alpha", "second", 10*time.Second)
+	t.Logf("second client served the tunnel %v after it started", time.Since(start).Round(time.Millisecond))
+	if got := srv.metric(t, "tether_sessions_replaced_total"); got <= replacedBefore {
+		t.Errorf("tether_sessions_replaced_total = %v, want above %v", got, replacedBefore)
+	}
+
+	// With the first client gone, the second serves every request.
+	c1.stop()
+	srv.waitServedBy(t, "alpha", "second", 30*time.Second)
+	for i := range 20 {
+		e, err := srv.echoFrom("alpha", "/")
+		if err != nil || e.Backend != "second" {
+			t.Fatalf("request %d: backend %q, %v; want second", i, e.Backend, err)
+		}
+	}
+	t.Logf("sessions replaced while both clients ran: %v", srv.metric(t, "tether_sessions_replaced_total")-replacedBefore)
+}
+
+// TestTokenRotation: the client reads its token file at every connect, so
+// a rotated token takes effect at the next reconnect without a restart.
+func TestTokenRotation(t *testing.T) {
+	t.Parallel()
+	k := newKeys(t)
+	srv := startServer(t, k, serverOpts{})
+	b := newBackend(t, "backend", nil)
+	tokenFile := writeToken(t, k.issue(t, "alpha", time.Hour, "--account", "one"))
+	c := startClient(t, srv, clientOpts{tokenFile: tokenFile, routes: []string{"/=" + b.url()}})
+	if got := srv.tunnels(t)["alpha"].Account; got != "one" {
+		t.Fatalf("account %q, want one", got)
+	}
+
+	replaceFile(t, tokenFile, k.issue(t, "alpha", time.Hour, "--account", "two")+"\n")
+	// Force a reconnect: restart the server on the same tunnel address.
+	srv.stop()
+	srv2 := startServer(t, k, serverOpts{tunnelAddr: srv.tunnelAddr})
+	srv2.waitServedBy(t, "alpha", "backend", 30*time.Second)
+	if got := srv2.tunnels(t)["alpha"].Account; got != "two" {
+		t.Errorf("after the reconnect: account %q, want two (the rotated token)", got)
+	}
+	if c.exited() {
+		t.Errorf("client exited")
+	}
+}
+
+// TestTokenExpiry: a session ends when its token expires; the client keeps
+// retrying and is not ready; a fresh token written into the file makes it
+// ready again without a restart.
+func TestTokenExpiry(t *testing.T) {
+	t.Parallel()
+	const ttl = 5 * time.Second
+	k := newKeys(t)
+	srv := startServer(t, k, serverOpts{})
+	b := newBackend(t, "backend", nil)
+	issued := time.Now()
+	tokenFile := writeToken(t, k.issue(t, "alpha", ttl))
+	c := startClient(t, srv, clientOpts{tokenFile: tokenFile, routes: []string{"/=" + b.url()}})
+	srv.waitServedBy(t, "alpha", "backend", ttl)
+
+	// The session ends when the token expires, or at the latest when the
+	// server's clock-skew leeway (30s) has passed too.
+	c.waitNotReady(t, ttl+45*time.Second)
+	t.Logf("client not ready %v after the token was issued with ttl %v", time.Since(issued).Round(time.Millisecond), ttl)
+	// exp is in whole seconds: the token may expire up to 1s before ttl.
+	if time.Since(issued) < ttl-time.Second {
+		t.Errorf("session ended %v after issue; want it to last until the token expires (%v)", time.Since(issued), ttl)
+	}
+	// From then on the server refuses the expired token, and says why.
+	accepted := srv.metric(t, "tether_logins_accepted_total")
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		st, err := c.status()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(st.LastError, "expired") {
+			return fmt.Errorf("client /status last_error = %q, want the server's refusal: expired "+
+				"(meanwhile the server accepted %v more logins with the expired token)",
+				st.LastError, srv.metric(t, "tether_logins_accepted_total")-accepted)
+		}
+		return nil
+	})
+	if r := srv.mustGet(t, "alpha", "/"); r.code != http.StatusServiceUnavailable || r.header.Get("X-Tether-Error") != "tunnel_down" {
+		t.Errorf("with the token expired: got %d %q, want 503 tunnel_down", r.code, r.header.Get("X-Tether-Error"))
+	}
+	if code, body, err := c.readyz(); err != nil || code == http.StatusOK {
+		t.Errorf("client /readyz = %d %q %v; want not ready", code, body, err)
+	}
+	if _, ok := srv.tunnels(t)["alpha"]; ok {
+		t.Errorf("server still lists alpha with an expired token")
+	}
+
+	replaceFile(t, tokenFile, k.issue(t, "alpha", time.Hour)+"\n")
+	fresh := time.Now()
+	c.waitReady(t, 45*time.Second)
+	t.Logf("ready again %v after the fresh token was written", time.Since(fresh).Round(time.Millisecond))
+	srv.waitServedBy(t, "alpha", "backend", 10*time.Second)
+	if c.exited() {
+		t.Errorf("client exited; want it to keep running")
+	}
+}
