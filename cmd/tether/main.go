@@ -30,15 +30,15 @@ const (
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	code := run(ctx, os.Args[1:], &Factory{Out: os.Stdout, ErrOut: os.Stderr, LookupEnv: os.LookupEnv})
+	code := run(ctx, os.Args[1:], &Factory{Out: os.Stdout, ErrOut: os.Stderr, LookupEnv: os.LookupEnv}, runners{})
 	stop()
 	os.Exit(code)
 }
 
 // run executes one command line and returns the exit code. Errors are printed
 // here, once.
-func run(ctx context.Context, args []string, f *Factory) int {
-	root := NewCmdRoot(f)
+func run(ctx context.Context, args []string, f *Factory, r runners) int {
+	root := newCmdRoot(f, r)
 	root.SetArgs(args)
 	root.SetOut(f.Out)
 	root.SetErr(f.ErrOut)
@@ -55,10 +55,6 @@ func run(ctx context.Context, args []string, f *Factory) int {
 		}
 		return exitUsage
 	}
-	var silent *silentError
-	if errors.As(err, &silent) {
-		return silent.code
-	}
 	fmt.Fprintf(f.ErrOut, "tether: %v\n", err)
 	return exitFail
 }
@@ -71,9 +67,3 @@ type usageError struct {
 
 func (e *usageError) Error() string { return e.err.Error() }
 func (e *usageError) Unwrap() error { return e.err }
-
-// silentError ends the process with code after the command already reported
-// the outcome itself (e.g. a failed check list).
-type silentError struct{ code int }
-
-func (e *silentError) Error() string { return fmt.Sprintf("exit status %d", e.code) }

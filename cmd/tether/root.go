@@ -45,8 +45,15 @@ func (f *Factory) Close() {
 	}
 }
 
-// NewCmdRoot builds the tether command tree.
-func NewCmdRoot(f *Factory) *cobra.Command {
+// runners replace what the long-running commands do, so that tests can see
+// the options they were given; nil runs the command.
+type runners struct {
+	server func(*ServerOptions) error
+	client func(*ClientOptions) error
+}
+
+// newCmdRoot builds the tether command tree.
+func newCmdRoot(f *Factory, run runners) *cobra.Command {
 	root := &cobra.Command{
 		Use:   "tether",
 		Short: "Reverse tunnels from customer clusters to the platform, with no ingress on the customer's side",
@@ -83,8 +90,8 @@ Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
 		return &usageError{err: err, hint: fmt.Sprintf("Run '%s --help' for usage.", cmd.CommandPath())}
 	})
 	root.AddCommand(
-		NewCmdServer(f, nil),
-		NewCmdClient(f, nil),
+		NewCmdServer(f, run.server),
+		NewCmdClient(f, run.client),
 		NewCmdToken(f),
 		NewCmdDemo(f, nil),
 		NewCmdVersion(f),

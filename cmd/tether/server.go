@@ -73,7 +73,7 @@ clients are accepted, in-flight requests get --shutdown-timeout to finish.`,
 	fl.StringVar(&opts.TLSKey, "tls-key", "", "tunnel listener private key (PEM)")
 	fl.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token /api/ requires")
 	fl.StringSliceVar(&opts.TrustedProxies, "trusted-proxies", nil, "CIDRs (or IPs) of proxies in front of --http-addr whose X-Forwarded-* headers are kept")
-	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 30*time.Second, "drop a client connection that stays silent this long")
+	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 60*time.Second, "drop a client connection that stays silent this long (a client that returns takes its route over at once anyway)")
 	fl.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may take before tunnels close")
 	return cmd
 }
@@ -114,14 +114,15 @@ func newVerifier(opts *ServerOptions, log *zap.Logger) (*auth.Verifier, error) {
 	case opts.JWTPublicKey != "" && opts.JWTHMACSecretFile != "":
 		return nil, errors.New("--jwt-public-key and --jwt-hmac-secret-file exclude each other: choose how tokens are signed")
 	case opts.JWTPublicKey != "":
-		keys, err = auth.NewFileKeySource(opts.JWTPublicKey)
+		if keys, err = auth.NewFileKeySource(opts.JWTPublicKey); err != nil {
+			return nil, fmt.Errorf("--jwt-public-key: %w", err)
+		}
 	case opts.JWTHMACSecretFile != "":
-		keys, err = auth.NewHMACKeySource(opts.JWTHMACSecretFile)
+		if keys, err = auth.NewHMACKeySource(opts.JWTHMACSecretFile); err != nil {
+			return nil, fmt.Errorf("--jwt-hmac-secret-file: %w", err)
+		}
 	default:
 		return nil, errors.New("--jwt-public-key is required: the public key tokens are signed with (make a pair with `tether token keygen`)")
-	}
-	if err != nil {
-		return nil, err
 	}
 	return auth.NewVerifier(auth.VerifierConfig{
 		Keys:     keys,

@@ -224,11 +224,13 @@ func clientTLSConfig(cfg Config) (*tls.Config, error) {
 	if cfg.TLSServerName != "" {
 		tc.ServerName = cfg.TLSServerName
 	}
-	pool, err := x509.SystemCertPool()
-	if err != nil {
-		pool = x509.NewCertPool()
-	}
+	// Without --tls-ca, RootCAs stays nil: Go then loads the system roots on
+	// the first handshake that needs them, not at start.
 	if cfg.TLSCAFile != "" {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
 		pem, err := os.ReadFile(cfg.TLSCAFile)
 		if err != nil {
 			return nil, fmt.Errorf("read --tls-ca: %w", err)
@@ -236,8 +238,8 @@ func clientTLSConfig(cfg Config) (*tls.Config, error) {
 		if !pool.AppendCertsFromPEM(pem) {
 			return nil, fmt.Errorf("--tls-ca %s holds no PEM certificate", cfg.TLSCAFile)
 		}
+		tc.RootCAs = pool
 	}
-	tc.RootCAs = pool
 	switch {
 	case cfg.TLSInsecureSkipVerify:
 		tc.InsecureSkipVerify = true //nolint:gosec // the operator asked for it, for testing

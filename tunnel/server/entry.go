@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/proxy"
@@ -93,7 +94,13 @@ func (s *Server) forwarder(sess *Session) (http.Handler, error) {
 		}
 		routes = append(routes, r)
 	}
-	router, err := proxy.NewRouter(routes, sess.logger(), proxy.Options{DialContext: sess.dial})
+	// An upstream that is down in a customer's cluster fails every request
+	// for it: one log line per failure kind every 10s per tunnel tells the
+	// platform's operator enough without flooding the server's log.
+	sampled := sess.logger().WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 1, 0)
+	}))
+	router, err := proxy.NewRouter(routes, sampled, proxy.Options{DialContext: sess.dial})
 	if err != nil {
 		return nil, fmt.Errorf("the client advertised unusable routes: %w", err)
 	}

@@ -61,7 +61,8 @@ type Config struct {
 	// entry keeps (a load balancer or ingress in front). Empty: none.
 	TrustedProxies []netip.Prefix
 	// HeartbeatTimeout is how long a silent client connection lives before
-	// the server drops it. Default 30s.
+	// the server drops it. Default 60s; a client that comes back on a new
+	// connection takes its route over at once regardless.
 	HeartbeatTimeout time.Duration
 	// LoginTimeout is how long a new connection has to log in. Default 30s.
 	LoginTimeout time.Duration
@@ -72,7 +73,7 @@ type Config struct {
 
 func (c *Config) setDefaults() {
 	if c.HeartbeatTimeout == 0 {
-		c.HeartbeatTimeout = 30 * time.Second
+		c.HeartbeatTimeout = 60 * time.Second
 	}
 	if c.LoginTimeout == 0 {
 		c.LoginTimeout = 30 * time.Second

@@ -1,0 +1,131 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/auth"
+)
+
+// runTether runs one command line in-process with the given environment.
+func runTether(t *testing.T, env map[string]string, r runners, args ...string) (code int, stdout, stderr string) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	f := &Factory{Out: &out, ErrOut: &errOut, LookupEnv: func(k string) (string, bool) { v, ok := env[k]; return v, ok }}
+	code = run(context.Background(), args, f, r)
+	return code, out.String(), errOut.String()
+}
+
+func writeFile(t *testing.T, name, content string) string {
+	t.Helper()
+	p := filepath.Join(t.TempDir(), name)
+	if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// Flags win over the environment, the environment over the config file.
+func TestServerOptionsPrecedence(t *testing.T) {
+	cfg := writeFile(t, "server.yaml", "domain: from-file.example.com\nhttp-addr: 127.0.0.1:1111\ntunnel-addr: 127.0.0.1:2222\n")
+	env := map[string]string{"TETHER_HTTP_ADDR": "127.0.0.1:3333", "TETHER_TUNNEL_ADDR": "127.0.0.1:4444"}
+	var got *ServerOptions
+	code, _, stderr := runTether(t, env, runners{server: func(o *ServerOptions) error { got = o; return nil }},
+		"server", "--config", cfg, "--tunnel-addr", "127.0.0.1:5555")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	for _, c := range []struct{ name, got, want string }{
+		{"domain (file)", got.Domain, "from-file.example.com"},
+		{"http-addr (env over file)", got.HTTPAddr, "127.0.0.1:3333"},
+		{"tunnel-addr (flag over env)", got.TunnelAddr, "127.0.0.1:5555"},
+		{"admin-addr (default)", got.AdminAddr, "127.0.0.1:7700"},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %q, want %q", c.name, c.got, c.want)
+		}
+	}
+	if got.HeartbeatTimeout != 60*time.Second {
+		t.Errorf("heartbeat-timeout = %v, want the 60s default", got.HeartbeatTimeout)
+	}
+}
+
+func TestClientRoutesFromFileAndEnv(t *testing.T) {
+	cfg := writeFile(t, "client.yaml", "server: tunnels.example.com:7000\nroute:\n  - /=http://a:80\n  - /x=http://b:80/;timeout=0\n")
+	var got *ClientOptions
+	code, _, stderr := runTether(t, map[string]string{"TETHER_TOKEN_FILE": "/var/run/token"},
+		runners{client: func(o *ClientOptions) error { got = o; return nil }}, "client", "--config", cfg)
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if got.Server != "tunnels.example.com:7000" || got.TokenFile != "/var/run/token" {
+		t.Errorf("server %q token-file %q", got.Server, got.TokenFile)
+	}
+	if want := []string{"/=http://a:80", "/x=http://b:80/;timeout=0"}; strings.Join(got.Routes, " ") != strings.Join(want, " ") {
+		t.Errorf("routes %q, want %q", got.Routes, want)
+	}
+}
+
+func TestExitCodes(t *testing.T) {
+	badCfg := writeFile(t, "bad.yaml", "domian: x.example.com\n")
+	tests := []struct {
+		name string
+		args []string
+		code int
+		want string // in stderr
+	}{
+		{"unknown flag", []string{"server", "--no-such-flag"}, exitUsage, "--no-such-flag"},
+		{"unknown config key", []string{"server", "--config", badCfg}, exitUsage, `"domian"`},
+		{"missing domain", []string{"server", "--jwt-public-key", "/nonexistent.pem"}, exitUsage, "--jwt-public-key"},
+		{"client without token file", []string{"client", "--server", "t.example.com:7000"}, exitUsage, "--token-file"},
+		{"invalid route", []string{"client", "--server", "t.example.com:7000", "--token-file", "/x", "--route", "argo=http://a"}, exitUsage, `"argo=http://a"`},
+		{"issue without key", []string{"token", "issue", "--tunnel", "acme", "--ttl", "1h"}, exitUsage, "--key"},
+		{"version", []string{"version"}, exitOK, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, _, stderr := runTether(t, nil, runners{}, tc.args...)
+			if code != tc.code || !strings.Contains(stderr, tc.want) {
+				t.Errorf("exit %d, stderr %q; want exit %d and a message containing %q", code, stderr, tc.code, tc.want)
+			}
+		})
+	}
+}
+
+// keygen and issue make a token the server's verifier accepts.
+func TestTokenKeygenAndIssue(t *testing.T) {
+	dir := t.TempDir()
+	priv, pub := filepath.Join(dir, "key.pem"), filepath.Join(dir, "key.pub.pem")
+	if code, out, stderr := runTether(t, nil, runners{}, "token", "keygen", "--private-key", priv, "--public-key", pub); code != exitOK {
+		t.Fatalf("keygen: exit %d: %s", code, stderr)
+	} else if !strings.Contains(out, "EdDSA") {
+		t.Errorf("keygen output %q does not name the algorithm", out)
+	}
+	code, out, stderr := runTether(t, nil, runners{}, "token", "issue", "--key", priv, "--tunnel", "acme", "--account", "a1", "--ttl", "1h")
+	if code != exitOK {
+		t.Fatalf("issue: exit %d: %s", code, stderr)
+	}
+	keys, err := auth.NewFileKeySource(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := auth.NewVerifier(auth.VerifierConfig{Keys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims, err := v.Verify(strings.TrimSpace(out))
+	if err != nil {
+		t.Fatalf("the issued token does not verify: %v", err)
+	}
+	if claims.Tunnel != "acme" || claims.Account != "a1" {
+		t.Errorf("claims %+v", claims)
+	}
+	if code, _, stderr := runTether(t, nil, runners{}, "token", "keygen", "--private-key", priv, "--public-key", pub); code == exitOK {
+		t.Errorf("keygen overwrote existing files; stderr %q", stderr)
+	}
+}
