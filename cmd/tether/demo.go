@@ -161,7 +161,7 @@ func demoListeners(httpAddr string) (server.Listeners, net.Listener, error) {
 		var ln net.Listener
 		var lc net.ListenConfig
 		if ln, err = lc.Listen(context.Background(), "tcp", addr); err != nil {
-			err = fmt.Errorf("listen on %s: %w", addr, err)
+			err = fmt.Errorf("listen on %s: %w; pick a free port, or 127.0.0.1:0 for any", addr, err)
 		}
 		return ln
 	}
