@@ -217,20 +217,3 @@ func writeFile(t testing.TB, dir, name string, data []byte) string {
 	}
 	return p
 }
-
-// waitFor polls cond until it returns nil or the deadline passes.
-// (auth's tests cannot use internal/testutil, which imports auth.)
-func waitFor(t testing.TB, timeout time.Duration, cond func() error) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		err := cond()
-		if err == nil {
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("condition not met within %v: %v", timeout, err)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // fakeClock is a settable clock, safe for concurrent use.
@@ -48,7 +49,7 @@ func replaceFile(t testing.TB, path string, data []byte) {
 // waitForKeys polls src until its key IDs are want.
 func waitForKeys(t testing.TB, src auth.KeySource, want []string) {
 	t.Helper()
-	waitFor(t, 5*time.Second, func() error {
+	testutil.WaitFor(t, 5*time.Second, func() error {
 		ks, err := src.Keys()
 		if got := ks.KeyIDs(); !slices.Equal(got, want) {
 			return fmt.Errorf("KeyIDs() = %q (err %v), want %q", got, err, want)
@@ -191,7 +192,7 @@ func TestHMACKeySource(t *testing.T) {
 
 	// A rotated secret takes over.
 	replaceFile(t, path, []byte(strings.Repeat("t", 40)))
-	waitFor(t, 5*time.Second, func() error {
+	testutil.WaitFor(t, 5*time.Second, func() error {
 		if got := reasonOf(verifyErr(v, tok)); got != auth.ReasonUnknownKey {
 			return fmt.Errorf("old token reason %q, want %q", got, auth.ReasonUnknownKey)
 		}

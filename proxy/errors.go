@@ -132,7 +132,7 @@ func (rt *route) handleError(w http.ResponseWriter, req *http.Request, err error
 	if req.Context().Err() != nil {
 		// The caller went away (the tunnel stream closed): nothing to answer,
 		// nothing for an operator to do.
-		if sw, ok := w.(*statusWriter); ok {
+		if sw, ok := w.(*StatusWriter); ok {
 			sw.canceled = true
 		}
 		rt.log.Debug("request canceled by caller", zap.Error(err))

@@ -6,23 +6,26 @@ import (
 	"net/http"
 )
 
-// statusWriter records the status a request was answered with, for logs and
+// NewStatusWriter wraps w.
+func NewStatusWriter(w http.ResponseWriter) *StatusWriter { return &StatusWriter{ResponseWriter: w} }
+
+// StatusWriter records the status a request was answered with, for logs and
 // metrics. It passes flushing and hijacking (websocket upgrades) through to
 // the ResponseWriter it wraps, and unwraps for http.ResponseController.
-type statusWriter struct {
+type StatusWriter struct {
 	http.ResponseWriter
 	status   int  // final status, 0 until written
 	canceled bool // the caller went away before a response
 }
 
-func (w *statusWriter) WriteHeader(code int) {
+func (w *StatusWriter) WriteHeader(code int) {
 	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.status = code
 	}
 	w.ResponseWriter.WriteHeader(code)
 }
 
-func (w *statusWriter) Write(p []byte) (int, error) {
+func (w *StatusWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
 	}
@@ -30,16 +33,16 @@ func (w *statusWriter) Write(p []byte) (int, error) {
 }
 
 // FlushError flushes buffered data to the caller.
-func (w *statusWriter) FlushError() error {
+func (w *StatusWriter) FlushError() error {
 	return http.NewResponseController(w.ResponseWriter).Flush()
 }
 
 // Flush implements http.Flusher.
-func (w *statusWriter) Flush() { _ = w.FlushError() }
+func (w *StatusWriter) Flush() { _ = w.FlushError() }
 
 // Hijack hands the connection over for a protocol switch; ReverseProxy
 // writes the 101 response on it directly.
-func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
+func (w *StatusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()
 	if err == nil && w.status == 0 {
 		w.status = http.StatusSwitchingProtocols
@@ -47,5 +50,9 @@ func (w *statusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return c, brw, err
 }
 
+// Status is the final status written: 101 for a protocol switch, 0 while
+// nothing has been written.
+func (w *StatusWriter) Status() int { return w.status }
+
 // Unwrap returns the wrapped ResponseWriter, for http.ResponseController.
-func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+func (w *StatusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }

@@ -248,7 +248,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		// starts). Not supported on HTTP/2, which is full duplex anyway.
 		_ = http.NewResponseController(w).EnableFullDuplex()
 	}
-	sw := &statusWriter{ResponseWriter: w}
+	sw := &StatusWriter{ResponseWriter: w}
 	start := time.Now()
 	// Deferred, so that a response aborted mid-body (ReverseProxy panics
 	// with http.ErrAbortHandler) is still counted.
@@ -279,7 +279,7 @@ func (r *Router) reject(w http.ResponseWriter, req *http.Request, status int, co
 }
 
 // finish logs and counts a forwarded request.
-func (rt *route) finish(sw *statusWriter, req *http.Request, start time.Time) {
+func (rt *route) finish(sw *StatusWriter, req *http.Request, start time.Time) {
 	rt.metrics.count(sw.status, sw.canceled)
 	if ce := rt.log.Check(zapcore.DebugLevel, "request"); ce != nil {
 		ce.Write(

@@ -24,6 +24,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/internal/testutil"
+	tetherserver "github.com/tether-dev/tether/tunnel/server"
 )
 
 // domain is the domain every test server serves tunnels under.
@@ -478,20 +479,7 @@ func (s *server) admin(path string) (response, error) {
 }
 
 // tunnelInfo is one entry of /api/tunnels.
-type tunnelInfo struct {
-	Name           string    `json:"name"`
-	Account        string    `json:"account"`
-	Runtime        string    `json:"runtime"`
-	ClientAddress  string    `json:"client_address"`
-	ConnectedSince time.Time `json:"connected_since"`
-	ClientVersion  string    `json:"client_version"`
-	BytesIn        uint64    `json:"bytes_in"`
-	BytesOut       uint64    `json:"bytes_out"`
-	Transport      string    `json:"transport"`
-	Route          string    `json:"route"`
-	TokenExpires   time.Time `json:"token_expires"`
-	Requests       uint64    `json:"requests"`
-}
+type tunnelInfo = tetherserver.Info
 
 // tunnels reads /api/tunnels.
 func (s *server) tunnels(t testing.TB) map[string]tunnelInfo {

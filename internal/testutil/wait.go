@@ -1,5 +1,5 @@
-// Package testutil holds helpers shared by tether's tests: polling with a
-// deadline and a fake token issuer. Non-test code never imports it.
+// Package testutil holds helpers shared by tether's tests. Non-test code
+// never imports it.
 package testutil
 
 import (

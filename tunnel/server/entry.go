@@ -1,7 +1,6 @@
 package server
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"net/http"
@@ -42,10 +41,10 @@ func (s *Server) serveEntry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.setForwarded(r)
-	rec := &statusRecorder{ResponseWriter: w}
+	rec := proxy.NewStatusWriter(w)
 	forward.ServeHTTP(rec, r)
-	sess.countRequest(rec.status)
-	s.metrics.requestDuration.WithLabelValues(classLabel(rec.status)).Observe(time.Since(start).Seconds())
+	sess.countRequest(rec.Status())
+	s.metrics.requestDuration.WithLabelValues(classLabel(rec.Status())).Observe(time.Since(start).Seconds())
 }
 
 // tunnelName extracts N from a Host of N.<domain>, with or without a port.
@@ -178,39 +177,6 @@ func (s *Server) trusts(ip string) bool {
 	}
 	return false
 }
-
-// statusRecorder notes the status a handler answered with. It exposes the
-// underlying writer to http.ResponseController (flushes, websocket hijacks).
-type statusRecorder struct {
-	http.ResponseWriter
-	status int
-}
-
-func (r *statusRecorder) WriteHeader(code int) {
-	if r.status == 0 || r.status < 200 {
-		r.status = code
-	}
-	r.ResponseWriter.WriteHeader(code)
-}
-
-func (r *statusRecorder) Write(p []byte) (int, error) {
-	if r.status == 0 {
-		r.status = http.StatusOK
-	}
-	return r.ResponseWriter.Write(p)
-}
-
-// Hijack records a protocol switch: httputil.ReverseProxy writes the 101 on
-// the hijacked connection, past WriteHeader.
-func (r *statusRecorder) Hijack() (net.Conn, *bufio.ReadWriter, error) {
-	conn, rw, err := http.NewResponseController(r.ResponseWriter).Hijack()
-	if err == nil {
-		r.status = http.StatusSwitchingProtocols
-	}
-	return conn, rw, err
-}
-
-func (r *statusRecorder) Unwrap() http.ResponseWriter { return r.ResponseWriter }
 
 // classLabel is the bounded status label of metrics: "2xx".."5xx", or
 // "error" when no response was written.
