@@ -18,6 +18,7 @@ type StatusWriter struct {
 	canceled bool // the caller went away before a response
 }
 
+// WriteHeader records the first final status (or 101) and passes it on.
 func (w *StatusWriter) WriteHeader(code int) {
 	if w.status == 0 && (code >= 200 || code == http.StatusSwitchingProtocols) {
 		w.status = code
@@ -25,6 +26,7 @@ func (w *StatusWriter) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
+// Write records an implicit 200 and passes p on.
 func (w *StatusWriter) Write(p []byte) (int, error) {
 	if w.status == 0 {
 		w.status = http.StatusOK
