@@ -22,6 +22,7 @@ func TestRouting(t *testing.T) {
 	alphaAPI := newBackend(t, "alpha-api", nil)
 	beta := newBackend(t, "beta", nil)
 	gamma := newBackend(t, "gamma-frpc", nil)
+	omega := newBackend(t, "omega-frpc-v2", nil)
 
 	alpha := startClient(t, srv, clientOpts{
 		tokenFile: writeToken(t, k.issue(t, "alpha", time.Hour, "--account", "acme", "--runtime", "prod")),
@@ -33,6 +34,10 @@ func TestRouting(t *testing.T) {
 	})
 	startFRPC(t, "frpc gamma", frpcConfig(srv, k.issue(t, "gamma", time.Hour), frpcHTTPProxy("gamma", gamma)))
 	srv.waitServedBy(t, "gamma", "gamma-frpc", readyTimeout)
+	// frp's framed wire protocol v2 passes tether's session layer too.
+	startFRPC(t, "frpc omega (wire v2)", frpcConfig(srv, k.issue(t, "omega", time.Hour),
+		`transport.wireProtocol = "v2"`+"\n"+frpcHTTPProxy("omega", omega)))
+	srv.waitServedBy(t, "omega", "omega-frpc-v2", readyTimeout)
 
 	cases := []struct {
 		name, tunnel, path    string
@@ -53,6 +58,8 @@ func TestRouting(t *testing.T) {
 			wantBackend: "beta", wantPath: "/"},
 		{name: "stock frpc tunnel", tunnel: "gamma", path: "/g/h?z=9",
 			wantBackend: "gamma-frpc", wantPath: "/g/h", wantQuery: "z=9"},
+		{name: "stock frpc on wire protocol v2", tunnel: "omega", path: "/d",
+			wantBackend: "omega-frpc-v2", wantPath: "/d"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -107,8 +114,8 @@ func TestRouting(t *testing.T) {
 
 	t.Run("admin API lists the tunnels", func(t *testing.T) {
 		list := srv.tunnels(t)
-		if len(list) != 3 {
-			t.Errorf("got %d tunnels, want 3: %v", len(list), list)
+		if len(list) != 4 {
+			t.Errorf("got %d tunnels, want 4: %v", len(list), list)
 		}
 		a, ok := list["alpha"]
 		if !ok {
@@ -130,8 +137,8 @@ func TestRouting(t *testing.T) {
 		if g := list["gamma"]; !strings.Contains(g.ClientVersion, "frpc") {
 			t.Errorf("gamma: client_version %q, want the stock frpc's", g.ClientVersion)
 		}
-		if got := srv.metric(t, "tether_tunnels_connected"); got != 3 {
-			t.Errorf("tether_tunnels_connected = %v, want 3", got)
+		if got := srv.metric(t, "tether_tunnels_connected"); got != 4 {
+			t.Errorf("tether_tunnels_connected = %v, want 4", got)
 		}
 		if got := srv.metric(t, "tether_tunnel_requests_total", "tunnel", "alpha", "code_class", "2xx"); got < 4 {
 			t.Errorf("tether_tunnel_requests_total{tunnel=alpha,code_class=2xx} = %v, want >= 4", got)
