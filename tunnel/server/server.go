@@ -224,11 +224,7 @@ func (s *Server) Run(ctx context.Context) error {
 	ls.HTTP = listen("--http-addr", s.cfg.HTTPAddr)
 	ls.Admin = listen("--admin-addr", s.cfg.AdminAddr)
 	if err != nil {
-		for _, ln := range []net.Listener{ls.Tunnel, ls.HTTP, ls.Admin} {
-			if ln != nil {
-				_ = ln.Close()
-			}
-		}
+		closeAll(ls)
 		return err
 	}
 	return s.Serve(ctx, ls)
