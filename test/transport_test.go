@@ -151,16 +151,7 @@ func TestEgressProxies(t *testing.T) {
 		})
 		// Dialled directly, tunnel.test does not resolve: the client fails
 		// on its own, and the proxy never sees it.
-		testutil.WaitFor(t, 20*time.Second, func() error {
-			st, err := c.status()
-			if err != nil {
-				return err
-			}
-			if !strings.Contains(st.LastError, fakeHost) || strings.Contains(st.LastError, "proxy") {
-				return fmt.Errorf("/status last_error = %q, want a direct dial of %s that failed", st.LastError, fakeHost)
-			}
-			return nil
-		})
+		waitDirectDialFailed(t, c)
 		if n := p.tunnels.Load() + p.refused.Load(); n != 0 {
 			t.Errorf("proxy got %d CONNECTs; want none, NO_PROXY names the server", n)
 		}
@@ -183,19 +174,27 @@ func TestEgressProxies(t *testing.T) {
 			env:  []string{"HTTPS_PROXY=" + p.url("tether", password)},
 			args: []string{"--proxy", "direct", "--dial-timeout", "2s"},
 		})
-		testutil.WaitFor(t, 20*time.Second, func() error {
-			st, err := c.status()
-			if err != nil {
-				return err
-			}
-			if !strings.Contains(st.LastError, fakeHost) || strings.Contains(st.LastError, "proxy") {
-				return fmt.Errorf("/status last_error = %q, want a direct dial of %s that failed", st.LastError, fakeHost)
-			}
-			return nil
-		})
+		waitDirectDialFailed(t, c)
 		if n := p.tunnels.Load() + p.refused.Load(); n != 0 {
 			t.Errorf("proxy got %d CONNECTs; want none with --proxy direct", n)
 		}
 		c.stop()
+	})
+}
+
+// waitDirectDialFailed waits until the client reports that it dialled
+// fakeHost itself, not through a proxy, and failed: the name resolves only
+// in the test's proxies.
+func waitDirectDialFailed(t *testing.T, c *client) {
+	t.Helper()
+	testutil.WaitFor(t, 20*time.Second, func() error {
+		st, err := c.status()
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(st.LastError, fakeHost) || strings.Contains(st.LastError, "proxy") {
+			return fmt.Errorf("/status last_error = %q, want a direct dial of %s that failed", st.LastError, fakeHost)
+		}
+		return nil
 	})
 }
