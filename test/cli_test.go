@@ -105,27 +105,24 @@ func TestCLIBadInput(t *testing.T) {
 		}
 		defer ln.Close()
 		taken := ln.Addr().String()
-		code, _, stderr := runTether(t, nil, "server", "--domain", domain, "--jwt-public-key", k.pub,
+		// inUse runs tether with an address that is taken and checks that it
+		// fails naming the flag and the address.
+		inUse := func(flag string, args ...string) {
+			t.Helper()
+			code, _, stderr := runTether(t, nil, args...)
+			t.Logf("%s with %s %s in use: exit status %d", args[0], flag, taken, code)
+			if code != 1 && code != 2 {
+				t.Errorf("%s: exit status %d, want 1 or 2", args[0], code)
+			}
+			for _, w := range []string{flag, taken} {
+				if !strings.Contains(stderr, w) {
+					t.Errorf("%s: stderr does not name %q:\n%s", args[0], w, stderr)
+				}
+			}
+		}
+		inUse("--http-addr", "server", "--domain", domain, "--jwt-public-key", k.pub,
 			"--tunnel-addr", "127.0.0.1:0", "--http-addr", taken, "--admin-addr", "127.0.0.1:0")
-		t.Logf("server with --http-addr %s in use: exit status %d", taken, code)
-		if code != 1 && code != 2 {
-			t.Errorf("exit status %d, want 1 or 2", code)
-		}
-		for _, w := range []string{"--http-addr", taken} {
-			if !strings.Contains(stderr, w) {
-				t.Errorf("stderr does not name %q:\n%s", w, stderr)
-			}
-		}
-		code, _, stderr = runTether(t, nil, client("--health-addr", taken)...)
-		t.Logf("client with --health-addr %s in use: exit status %d", taken, code)
-		if code != 1 && code != 2 {
-			t.Errorf("client: exit status %d, want 1 or 2", code)
-		}
-		for _, w := range []string{"--health-addr", taken} {
-			if !strings.Contains(stderr, w) {
-				t.Errorf("client: stderr does not name %q:\n%s", w, stderr)
-			}
-		}
+		inUse("--health-addr", client("--health-addr", taken)...)
 	})
 }
 

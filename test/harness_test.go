@@ -459,6 +459,22 @@ func doWith(c *http.Client, req *http.Request) (response, error) {
 	return response{code: resp.StatusCode, header: resp.Header, body: string(b)}, nil
 }
 
+// result is the outcome of a request made in the background.
+type result struct {
+	r   response
+	err error
+}
+
+// getAsync starts get in the background; its one result arrives on the channel.
+func (s *server) getAsync(tunnel, path string) <-chan result {
+	done := make(chan result, 1)
+	go func() {
+		r, err := s.get(tunnel, path)
+		done <- result{r, err}
+	}()
+	return done
+}
+
 // mustGet is get that fails the test on a transport error.
 func (s *server) mustGet(t testing.TB, tunnel, path string) response {
 	t.Helper()

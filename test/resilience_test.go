@@ -63,7 +63,7 @@ func TestServerRestart(t *testing.T) {
 // TestFrozenPath: when the path to the server goes dark without either side
 // closing, the client notices within its heartbeat timeout, reconnects, and
 // the server hands it the route at once instead of waiting for the old
-// session's heartbeat timeout (30s, the default, here).
+// session's heartbeat timeout (60s, the default, here).
 func TestFrozenPath(t *testing.T) {
 	t.Parallel()
 	const heartbeat = 3 * time.Second

@@ -40,18 +40,7 @@ func TestGracefulShutdown(t *testing.T) {
 		t.Fatalf("/readyz before shutdown: %d %v, want 200", r.code, err)
 	}
 
-	type result struct {
-		code int
-		body string
-		err  error
-	}
-	done := make(chan result, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+srv.httpAddr+"/slow", nil)
-		req.Host = "alpha." + domain
-		r, err := do(req)
-		done <- result{r.code, r.body, err}
-	}()
+	done := srv.getAsync("alpha", "/slow")
 	select {
 	case <-started:
 	case <-time.After(30 * time.Second):
@@ -72,8 +61,8 @@ func TestGracefulShutdown(t *testing.T) {
 	close(release)
 
 	res := <-done
-	if res.err != nil || res.code != http.StatusOK || res.body != "slow answer" {
-		t.Errorf("request in flight during the drain: %d %q %v; want 200 \"slow answer\"", res.code, res.body, res.err)
+	if res.err != nil || res.r.code != http.StatusOK || res.r.body != "slow answer" {
+		t.Errorf("request in flight during the drain: %d %q %v; want 200 \"slow answer\"", res.r.code, res.r.body, res.err)
 	}
 	code, ok := srv.wait(stopTimeout)
 	if !ok {

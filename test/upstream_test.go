@@ -141,17 +141,7 @@ func TestTunnelLost(t *testing.T) {
 		},
 	})
 	c := startClient(t, srv, clientOpts{tokenFile: writeToken(t, k.issue(t, "alpha", time.Hour)), routes: []string{"/=" + b.url()}})
-	type result struct {
-		r   response
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		req, _ := http.NewRequest(http.MethodGet, "http://"+srv.httpAddr+"/hang", nil)
-		req.Host = "alpha." + domain
-		r, err := do(req)
-		done <- result{r, err}
-	}()
+	done := srv.getAsync("alpha", "/hang")
 	select {
 	case <-started:
 	case <-time.After(30 * time.Second):

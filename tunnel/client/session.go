@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"strconv"
 	"sync"
 	"time"
 
@@ -264,9 +265,11 @@ func describeEnd(mux *yamux.Session) string {
 // frp's own TLS, multiplexing and heartbeats are off, because the session
 // layer provides them.
 func frpClientConfig(server string) (*v1.ClientCommonConfig, *frpauth.ClientAuth, error) {
-	host, port, _ := net.SplitHostPort(server)
+	host, portStr, _ := net.SplitHostPort(server)
+	port, _ := strconv.Atoi(portStr) // Config.Validate checked the address
 	common := &v1.ClientCommonConfig{
 		ServerAddr: host,
+		ServerPort: port,
 		Transport: v1.ClientTransportConfig{
 			TCPMux:            new(false),
 			TLS:               v1.TLSClientConfig{Enable: new(false)},
@@ -274,7 +277,6 @@ func frpClientConfig(server string) (*v1.ClientCommonConfig, *frpauth.ClientAuth
 			HeartbeatTimeout:  -1,
 		},
 	}
-	_, _ = fmt.Sscan(port, &common.ServerPort)
 	if err := common.Complete(); err != nil {
 		return nil, nil, fmt.Errorf("complete frp client config: %w", err)
 	}
