@@ -166,20 +166,31 @@ func asReject(err error, what string) (rej *RejectError, internal bool) {
 	return reject(ReasonInternal, "the tunnel server could not %s; retry later, and tell the platform operator if this persists", what), true
 }
 
-// login verifies a Login and binds it to its tunnel.
-func (p *Plugin) login(c *plugin.LoginContent) *plugin.Response {
-	log := p.log.With(zap.String("client_address", c.ClientAddress))
-	token := c.Metas[TokenMetaKey]
+// VerifyLoginToken verifies the token in a login's metadata, as every login
+// is verified: a login probe is answered with exactly the words a login with
+// the same token would get.
+func VerifyLoginToken(v *Verifier, metas map[string]string) (*Claims, *RejectError) {
+	token := metas[TokenMetaKey]
 	if token == "" {
-		return p.loginRejected(log, reject(ReasonMissingToken,
-			"login carries no token; set metadatas.token in the client config (tether client --token-file does this)"))
+		return nil, reject(ReasonMissingToken,
+			"login carries no token; set metadatas.token in the client config (tether client --token-file does this)")
 	}
-	claims, err := p.v.Verify(token)
+	claims, err := v.Verify(token)
 	if err != nil {
 		var rej *RejectError
 		if !errors.As(err, &rej) {
 			rej, _ = asReject(err, "verify the token")
 		}
+		return nil, rej
+	}
+	return claims, nil
+}
+
+// login verifies a Login and binds it to its tunnel.
+func (p *Plugin) login(c *plugin.LoginContent) *plugin.Response {
+	log := p.log.With(zap.String("client_address", c.ClientAddress))
+	claims, rej := VerifyLoginToken(p.v, c.Metas)
+	if rej != nil {
 		return p.loginRejected(log, rej)
 	}
 	if c.RunID != "" && c.RunID != claims.Tunnel {

@@ -1,5 +1,7 @@
 package tunnel
 
+import "time"
+
 // ClientMetaKey is the frp login metadata key under which tether's client
 // sends its version, shown in the server's /api/tunnels.
 const ClientMetaKey = "tether_client"
@@ -7,3 +9,26 @@ const ClientMetaKey = "tether_client"
 // WebsocketPath is the HTTP path of the wss transport. It is frp's, so that a
 // stock frpc with transport.protocol = "wss" connects unchanged.
 const WebsocketPath = "/~!frp"
+
+// ProbeMetaKey marks a login as a probe (`tether diagnose`): the server
+// verifies its token exactly as for a login and answers, but the session
+// never reaches frp, registers nothing and disturbs no running tunnel.
+const ProbeMetaKey = "tether_probe"
+
+// ProbeReply follows the server's LoginResp to an accepted probe, as one
+// JSON line: what the server knows about the token's tunnel.
+type ProbeReply struct {
+	Tunnel  string `json:"tunnel"`
+	Account string `json:"account,omitempty"`
+	Runtime string `json:"runtime,omitempty"`
+	// ServerVersion is the server's tether version.
+	ServerVersion string `json:"server_version"`
+	// PublicURL is where the platform reaches the tunnel (the server's
+	// --public-url for this tunnel).
+	PublicURL string `json:"public_url,omitempty"`
+	// Connected reports whether a client currently serves the tunnel, and
+	// from where since when.
+	Connected      bool       `json:"connected"`
+	ClientAddress  string     `json:"client_address,omitempty"`
+	ConnectedSince *time.Time `json:"connected_since,omitempty"`
+}

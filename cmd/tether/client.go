@@ -2,9 +2,11 @@ package main
 
 import (
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel/client"
@@ -72,37 +74,39 @@ http://, https:// (CONNECT, user:password@ for basic auth), socks5:// or socks5h
 			return c.Run(cmd.Context())
 		},
 	}
-	fl := cmd.Flags()
-	fl.StringVar(&opts.Server, "server", "", "tunnel server HOST:PORT (required)")
-	fl.StringVar(&opts.TokenFile, "token-file", "", "file holding the tunnel's JWT (required); re-read at every connect")
-	fl.StringSliceVar(&opts.Routes, "route", nil, "PREFIX=URL[;timeout=D][;insecure-skip-verify] (repeat); default: the built-in adapters")
-	fl.StringVar(&opts.HealthAddr, "health-addr", "", "serve /healthz, /readyz, /status and /metrics here, e.g. 0.0.0.0:8081")
-	fl.StringVar(&opts.Transport, "transport", "tcp", "tcp (TLS over TCP) or wss (TLS websocket, when only HTTPS may leave the network)")
-	fl.StringVar(&opts.Proxy, "proxy", "", "egress proxy URL; default from HTTPS_PROXY/ALL_PROXY and NO_PROXY; \"direct\" ignores them")
-	fl.StringVar(&opts.TLSCA, "tls-ca", "", "extra CA certificates (PEM) to trust for the server, e.g. a TLS-inspecting proxy's CA")
-	fl.StringVar(&opts.TLSServerName, "tls-server-name", "", "name to verify in the server's certificate (default: the --server host)")
-	fl.StringVar(&opts.TLSFingerprint, "tls-fingerprint", "", "pin the server certificate's SHA-256 instead of verifying its chain (self-signed servers)")
-	fl.BoolVar(&opts.TLSInsecureSkipVerify, "tls-insecure-skip-verify", false, "do not verify the server's certificate (testing only)")
-	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 15*time.Second, "notice a dead connection within this long")
-	fl.DurationVar(&opts.DialTimeout, "dial-timeout", 10*time.Second, "bound on one connection attempt (TCP, proxy, TLS)")
-	fl.DurationVar(&opts.MaxReconnectDelay, "max-reconnect-delay", 30*time.Second, "cap of the exponential backoff between connection attempts")
+	opts.addFlags(cmd.Flags())
 	return cmd
 }
 
-// config turns the flags into the client's configuration.
+// addFlags defines the client's flags; `tether diagnose` takes them too.
+func (o *ClientOptions) addFlags(fl *pflag.FlagSet) {
+	fl.StringVar(&o.Server, "server", "", "tunnel server HOST:PORT (required)")
+	fl.StringVar(&o.TokenFile, "token-file", "", "file holding the tunnel's JWT (required); re-read at every connect")
+	fl.StringSliceVar(&o.Routes, "route", nil, "PREFIX=URL[;timeout=D][;insecure-skip-verify] (repeat); default: the built-in adapters")
+	fl.StringVar(&o.HealthAddr, "health-addr", "", "serve /healthz, /readyz, /status, /metrics and /debug/logs here, e.g. 0.0.0.0:8081")
+	fl.StringVar(&o.Transport, "transport", "tcp", "tcp (TLS over TCP) or wss (TLS websocket, when only HTTPS may leave the network)")
+	fl.StringVar(&o.Proxy, "proxy", "", "egress proxy URL; default from HTTPS_PROXY/ALL_PROXY and NO_PROXY; \"direct\" ignores them")
+	fl.StringVar(&o.TLSCA, "tls-ca", "", "extra CA certificates (PEM) to trust for the server, e.g. a TLS-inspecting proxy's CA")
+	fl.StringVar(&o.TLSServerName, "tls-server-name", "", "name to verify in the server's certificate (default: the --server host)")
+	fl.StringVar(&o.TLSFingerprint, "tls-fingerprint", "", "pin the server certificate's SHA-256 instead of verifying its chain (self-signed servers)")
+	fl.BoolVar(&o.TLSInsecureSkipVerify, "tls-insecure-skip-verify", false, "do not verify the server's certificate (testing only)")
+	fl.DurationVar(&o.HeartbeatTimeout, "heartbeat-timeout", 15*time.Second, "notice a dead connection within this long")
+	fl.DurationVar(&o.DialTimeout, "dial-timeout", 10*time.Second, "bound on one connection attempt (TCP, proxy, TLS)")
+	fl.DurationVar(&o.MaxReconnectDelay, "max-reconnect-delay", 30*time.Second, "cap of the exponential backoff between connection attempts")
+}
+
+// config turns the flags into the client's configuration. Routes that do not
+// parse are left out and reported in the error.
 func (o *ClientOptions) config(f *Factory) (client.Config, error) {
 	var routes []proxy.Route
 	var errs []error
 	for _, spec := range o.Routes {
 		r, err := proxy.ParseRoute(spec)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, fmt.Errorf("--route: %w", err))
 			continue
 		}
 		routes = append(routes, r)
-	}
-	if err := errors.Join(errs...); err != nil {
-		return client.Config{}, err
 	}
 	return client.Config{
 		Server:                o.Server,
@@ -119,5 +123,5 @@ func (o *ClientOptions) config(f *Factory) (client.Config, error) {
 		DialTimeout:           o.DialTimeout,
 		MaxReconnectDelay:     o.MaxReconnectDelay,
 		Getenv:                f.Getenv,
-	}, nil
+	}, errors.Join(errs...)
 }

@@ -21,6 +21,11 @@ type Factory struct {
 
 	logOpts logging.Options
 	log     *zap.Logger
+	// sources says where each flag's value came from.
+	sources *config.Sources
+	// configErr holds the configuration problems of a command that reports
+	// them itself (see reportsConfigErrors) instead of exiting with them.
+	configErr error
 }
 
 // Logger is the process logger, built after flags, environment and config
@@ -72,8 +77,12 @@ Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			path := config.Path(cmd.Flags(), "config", f.LookupEnv)
+			f.sources = config.NewSources(cmd.Flags(), path, f.LookupEnv)
 			if err := config.Apply(cmd.Flags(), path, f.LookupEnv, "config", "help"); err != nil {
-				return &usageError{err: err}
+				if cmd.Annotations[reportsConfigErrors] == "" {
+					return &usageError{err: err}
+				}
+				f.configErr = err
 			}
 			log, err := logging.New(f.ErrOut, f.logOpts)
 			if err != nil {
@@ -93,11 +102,16 @@ Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
 		NewCmdServer(f, run.server),
 		NewCmdClient(f, run.client),
 		NewCmdToken(f),
+		NewCmdDiagnose(f),
 		NewCmdDemo(f, nil),
 		NewCmdVersion(f),
 	)
 	return root
 }
+
+// reportsConfigErrors annotates a command that reports configuration
+// problems itself (tether diagnose) rather than exiting with them.
+const reportsConfigErrors = "reports-config-errors"
 
 // invalid marks err as a configuration mistake (exit 2).
 func invalid(err error) error {

@@ -20,6 +20,7 @@ type ServerOptions struct {
 	HTTPAddr          string
 	AdminAddr         string
 	Domain            string
+	PublicURL         string
 	JWTPublicKey      string
 	JWTHMACSecretFile string
 	JWTIssuer         string
@@ -65,6 +66,7 @@ clients are accepted, in-flight requests get --shutdown-timeout to finish.`,
 	fl.StringVar(&opts.HTTPAddr, "http-addr", "0.0.0.0:8080", "public HTTP entry: requests for <tunnel>.<domain>")
 	fl.StringVar(&opts.AdminAddr, "admin-addr", "127.0.0.1:7700", "admin endpoints: /healthz /readyz /metrics /api/tunnels (a non-loopback address needs --admin-token-file)")
 	fl.StringVar(&opts.Domain, "domain", "", "domain under which tunnel N is served as N.<domain> (required)")
+	fl.StringVar(&opts.PublicURL, "public-url", "", "where the platform reaches tunnels, '*' for the tunnel name, e.g. https://*.tunnels.example.com (default http://*.<domain>:<http port>); tether diagnose tests it")
 	fl.StringVar(&opts.JWTPublicKey, "jwt-public-key", "", "file of trusted token keys: PEM public keys (Ed25519, ES256, RS256) or a JWKS; re-read when it changes")
 	fl.StringVar(&opts.JWTHMACSecretFile, "jwt-hmac-secret-file", "", "file holding an HS256 secret; only when tokens are HMAC-signed")
 	fl.StringVar(&opts.JWTIssuer, "jwt-issuer", "", "require this iss claim")
@@ -93,6 +95,7 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 		HTTPAddr:         opts.HTTPAddr,
 		AdminAddr:        opts.AdminAddr,
 		Domain:           opts.Domain,
+		PublicURL:        opts.PublicURL,
 		TLSCertFile:      opts.TLSCert,
 		TLSKeyFile:       opts.TLSKey,
 		AdminTokenFile:   opts.AdminTokenFile,

@@ -66,8 +66,10 @@ func TestLayering(t *testing.T) {
 			switch {
 			case strings.HasPrefix(imp, module+"/cmd"):
 				t.Errorf("%s imports %s: nothing imports cmd/", dir, imp)
-			case frp && (strings.HasPrefix(dir, "proxy") || strings.HasPrefix(dir, "internal")):
-				t.Errorf("%s imports %s: proxy/ and internal/ never import frp", dir, imp)
+			case frp && (strings.HasPrefix(dir, "proxy") || strings.HasPrefix(dir, "internal") || strings.HasPrefix(dir, "diagnose")):
+				t.Errorf("%s imports %s: proxy/, internal/ and diagnose/ never import frp", dir, imp)
+			case dir == "diagnose" && strings.HasPrefix(imp, module+"/tunnel/server"):
+				t.Errorf("%s imports %s: diagnose sees the server only as a client does", dir, imp)
 			case frp && strings.HasPrefix(dir, "cmd"):
 				t.Errorf("%s imports %s: commands reach frp only through tunnel/", dir, imp)
 			case imp == "testing" && dir != "internal/testutil":

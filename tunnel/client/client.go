@@ -23,7 +23,6 @@ package client
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -144,8 +143,9 @@ type Client struct {
 	// advertisedRoutes is the routes as the login advertises them: a JSON
 	// list of route specs.
 	advertisedRoutes string
-	tlsConfig        *tls.Config
+	dialer           *dialer
 	status           *status
+	logs             *recentLogs
 	metrics          *prometheus.Registry
 
 	frpConfig *v1.ClientCommonConfig
@@ -168,7 +168,7 @@ func New(cfg Config, log *zap.Logger) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("--token-file %s: %w", cfg.TokenFile, err)
 	}
-	tlsConfig, err := clientTLSConfig(cfg)
+	dialer, err := newDialer(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -177,14 +177,16 @@ func New(cfg Config, log *zap.Logger) (*Client, error) {
 		return nil, err
 	}
 	reg := prometheus.NewRegistry()
+	logs := newRecentLogs()
 	c := &Client{
 		cfg:              cfg,
-		log:              log.With(zap.String("tunnel", name)),
+		log:              logs.tee(log).With(zap.String("tunnel", name)),
+		logs:             logs,
 		tunnel:           name,
 		routes:           routes,
 		upstreams:        newUpstreams(routes, reg),
 		advertisedRoutes: advertise(routes),
-		tlsConfig:        tlsConfig,
+		dialer:           dialer,
 		metrics:          reg,
 	}
 	if c.frpConfig, c.frpAuth, err = frpClientConfig(cfg.Server); err != nil {

@@ -25,39 +25,47 @@ import (
 	"github.com/tether-dev/tether/tunnel"
 )
 
-// dial makes one connection attempt: TCP (directly or through the egress
-// proxy), TLS, and for wss the websocket upgrade. via names the path taken.
-func (c *Client) dial(ctx context.Context) (conn net.Conn, via string, err error) {
-	ctx, cancel := context.WithTimeout(ctx, c.cfg.DialTimeout)
+// dialer makes connections to the tunnel server the way the client's
+// configuration says: TCP directly or through the egress proxy, TLS, and for
+// wss the websocket upgrade.
+type dialer struct {
+	cfg       Config
+	tlsConfig *tls.Config
+}
+
+func newDialer(cfg Config) (*dialer, error) {
+	tc, err := clientTLSConfig(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &dialer{cfg: cfg, tlsConfig: tc}, nil
+}
+
+// dial makes one connection attempt. via names the path taken.
+func (d *dialer) dial(ctx context.Context) (conn net.Conn, via string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, d.cfg.DialTimeout)
 	defer cancel()
-	proxyURL, err := c.egressProxy()
+	proxyURL, _, err := d.egressProxy()
 	if err != nil {
 		return nil, "", err
 	}
-	var raw net.Conn
 	via = "direct"
-	if proxyURL == nil {
-		var d net.Dialer
-		raw, err = d.DialContext(ctx, "tcp", c.cfg.Server)
-		if err != nil {
-			return nil, "", fmt.Errorf("dial %s: %w", c.cfg.Server, err)
-		}
-	} else {
+	if proxyURL != nil {
 		via = "proxy " + proxyURL.Redacted()
-		raw, err = c.dialProxy(ctx, proxyURL)
-		if err != nil {
-			return nil, "", err
-		}
 	}
-	tlsConn := tls.Client(raw, c.tlsConfig)
+	raw, err := d.dialTCP(ctx, proxyURL, d.cfg.Server)
+	if err != nil {
+		return nil, "", err
+	}
+	tlsConn := tls.Client(raw, d.tlsConfig)
 	if err := tlsConn.HandshakeContext(ctx); err != nil {
 		_ = raw.Close()
-		return nil, "", fmt.Errorf("TLS handshake with %s: %w", c.cfg.Server, explainTLS(err))
+		return nil, "", fmt.Errorf("TLS handshake with %s: %w", d.cfg.Server, explainTLS(err))
 	}
-	if c.cfg.Transport != "wss" {
+	if d.cfg.Transport != "wss" {
 		return tlsConn, via, nil
 	}
-	ws, err := upgradeWebsocket(ctx, tlsConn, c.tlsConfig.ServerName, c.cfg.Server)
+	ws, err := upgradeWebsocket(ctx, tlsConn, d.tlsConfig.ServerName, d.cfg.Server)
 	if err != nil {
 		_ = tlsConn.Close()
 		return nil, "", err
@@ -65,36 +73,65 @@ func (c *Client) dial(ctx context.Context) (conn net.Conn, via string, err error
 	return ws, via, nil
 }
 
-// egressProxy returns the proxy to reach the server through, or nil.
-// Without --proxy, HTTPS_PROXY (then ALL_PROXY) applies unless NO_PROXY
-// exempts the server, with the usual lower-case variants and the usual
-// rule that loopback addresses are never proxied.
-func (c *Client) egressProxy() (*url.URL, error) {
-	if u, err := parseProxyFlag(c.cfg.Proxy); err != nil || u != nil || c.cfg.Proxy == "direct" {
-		return u, err
+// dialTCP connects to target directly (proxyURL nil) or through the proxy.
+func (d *dialer) dialTCP(ctx context.Context, proxyURL *url.URL, target string) (net.Conn, error) {
+	if proxyURL != nil {
+		return d.dialProxy(ctx, proxyURL, target)
 	}
-	env := func(names ...string) string {
+	var nd net.Dialer
+	conn, err := nd.DialContext(ctx, "tcp", target)
+	if err != nil {
+		return nil, fmt.Errorf("dial %s: %w", target, err)
+	}
+	return conn, nil
+}
+
+// proxyEnv lists the variables that name an egress proxy for a TLS
+// connection, in the order they are consulted.
+var proxyEnv = []string{"HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"}
+
+// egressProxy returns the proxy to reach the server through (nil: direct)
+// and why: the flag or variable that named it, or what made the connection
+// direct. Without --proxy, HTTPS_PROXY (then ALL_PROXY) applies unless
+// NO_PROXY exempts the server, with the usual lower-case variants and the
+// usual rule that loopback addresses are never proxied.
+func (d *dialer) egressProxy() (proxy *url.URL, why string, err error) {
+	switch u, err := parseProxyFlag(d.cfg.Proxy); {
+	case err != nil:
+		return nil, "", err
+	case u != nil:
+		return u, "--proxy", nil
+	case d.cfg.Proxy == "direct":
+		return nil, "--proxy direct ignores the proxy environment", nil
+	}
+	env := func(names ...string) (name, value string) {
 		for _, n := range names {
-			if v := c.cfg.Getenv(n); v != "" {
-				return v
+			if v := d.cfg.Getenv(n); v != "" {
+				return n, v
 			}
 		}
-		return ""
+		return "", ""
 	}
-	cfg := httpproxy.Config{
-		HTTPSProxy: env("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"),
-		NoProxy:    env("NO_PROXY", "no_proxy"),
+	proxyVar, proxyValue := env(proxyEnv...)
+	noProxyVar, noProxy := env("NO_PROXY", "no_proxy")
+	if proxyVar == "" {
+		return nil, "no HTTPS_PROXY or ALL_PROXY in the environment", nil
 	}
-	u, err := cfg.ProxyFunc()(&url.URL{Scheme: "https", Host: c.cfg.Server})
+	cfg := httpproxy.Config{HTTPSProxy: proxyValue, NoProxy: noProxy}
+	u, err := cfg.ProxyFunc()(&url.URL{Scheme: "https", Host: d.cfg.Server})
 	if err != nil {
-		return nil, fmt.Errorf("egress proxy from the environment (HTTPS_PROXY/ALL_PROXY): %w", err)
+		return nil, "", fmt.Errorf("egress proxy from the environment (%s): %w", proxyVar, err)
 	}
-	if u != nil {
-		if err := checkProxyScheme(u); err != nil {
-			return nil, fmt.Errorf("egress proxy from the environment: %w", err)
+	if u == nil {
+		if noProxyVar != "" {
+			return nil, fmt.Sprintf("%s=%s exempts %s from %s (or it is a loopback address)", noProxyVar, noProxy, d.cfg.Server, proxyVar), nil
 		}
+		return nil, fmt.Sprintf("%s does not apply to the loopback address %s", proxyVar, d.cfg.Server), nil
 	}
-	return u, nil
+	if err := checkProxyScheme(u); err != nil {
+		return nil, "", fmt.Errorf("egress proxy from the environment (%s): %w", proxyVar, err)
+	}
+	return u, proxyVar, nil
 }
 
 // parseProxyFlag parses --proxy; "" and "direct" yield nil.
@@ -120,41 +157,46 @@ func checkProxyScheme(u *url.URL) error {
 	return fmt.Errorf("proxy scheme %q not supported; want http, https, socks5 or socks5h", u.Scheme)
 }
 
-func (c *Client) dialProxy(ctx context.Context, u *url.URL) (net.Conn, error) {
-	var d net.Dialer
+func (d *dialer) dialProxy(ctx context.Context, u *url.URL, target string) (net.Conn, error) {
+	var nd net.Dialer
 	switch u.Scheme {
 	case "socks5", "socks5h":
-		dialer, err := xproxy.FromURL(u, &d)
+		sd, err := xproxy.FromURL(u, &nd)
 		if err != nil {
 			return nil, fmt.Errorf("egress proxy %s: %w", u.Redacted(), err)
 		}
-		conn, err := dialer.(xproxy.ContextDialer).DialContext(ctx, "tcp", c.cfg.Server)
+		conn, err := sd.(xproxy.ContextDialer).DialContext(ctx, "tcp", target)
 		if err != nil {
-			return nil, fmt.Errorf("dial %s through SOCKS5 proxy %s: %w", c.cfg.Server, u.Redacted(), err)
+			return nil, fmt.Errorf("dial %s through SOCKS5 proxy %s: %w", target, u.Redacted(), err)
 		}
 		return conn, nil
 	}
-	proxyAddr := u.Host
-	if u.Port() == "" {
-		proxyAddr = net.JoinHostPort(u.Hostname(), map[string]string{"http": "80", "https": "443"}[u.Scheme])
-	}
-	conn, err := d.DialContext(ctx, "tcp", proxyAddr)
+	conn, err := nd.DialContext(ctx, "tcp", ProxyAddr(u))
 	if err != nil {
 		return nil, fmt.Errorf("dial egress proxy %s: %w", u.Redacted(), err)
 	}
 	if u.Scheme == "https" {
-		tc := tls.Client(conn, &tls.Config{ServerName: u.Hostname(), RootCAs: c.tlsConfig.RootCAs, MinVersion: tls.VersionTLS12})
+		tc := tls.Client(conn, &tls.Config{ServerName: u.Hostname(), RootCAs: d.tlsConfig.RootCAs, MinVersion: tls.VersionTLS12})
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = conn.Close()
 			return nil, fmt.Errorf("TLS handshake with egress proxy %s: %w", u.Redacted(), explainTLS(err))
 		}
 		conn = tc
 	}
-	if err := httpConnect(ctx, conn, u, c.cfg.Server); err != nil {
+	if err := httpConnect(ctx, conn, u, target); err != nil {
 		_ = conn.Close()
 		return nil, err
 	}
 	return conn, nil
+}
+
+// ProxyAddr is the HOST:PORT of a proxy URL, with the scheme's default port.
+func ProxyAddr(u *url.URL) string {
+	if u.Port() != "" {
+		return u.Host
+	}
+	port := map[string]string{"http": "80", "https": "443", "socks5": "1080", "socks5h": "1080"}[u.Scheme]
+	return net.JoinHostPort(u.Hostname(), port)
 }
 
 // httpConnect asks an HTTP proxy for a tunnel to target (RFC 9110 CONNECT).

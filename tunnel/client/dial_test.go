@@ -29,8 +29,8 @@ func TestEgressProxySelection(t *testing.T) {
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			c := &Client{cfg: Config{Server: tc.server, Proxy: tc.flag, Getenv: func(k string) string { return tc.env[k] }}}
-			u, err := c.egressProxy()
+			d := &dialer{cfg: Config{Server: tc.server, Proxy: tc.flag, Getenv: func(k string) string { return tc.env[k] }}}
+			u, _, err := d.egressProxy()
 			if err != nil {
 				t.Fatal(err)
 			}

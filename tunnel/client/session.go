@@ -60,7 +60,7 @@ func (c *Client) keepConnected(ctx context.Context) {
 // runSession makes one connection, logs in, and serves until the session
 // ends. It reports whether the login succeeded.
 func (c *Client) runSession(ctx context.Context) (loggedIn bool) {
-	conn, via, err := c.dial(ctx)
+	conn, via, err := c.dialer.dial(ctx)
 	if err != nil {
 		if ctx.Err() == nil {
 			c.status.onFailed(err)
@@ -140,25 +140,41 @@ func (c *Client) login(mux *yamux.Session) (*controlStream, error) {
 	} else if name != c.tunnel {
 		return nil, fmt.Errorf("--token-file %s now holds a token for tunnel %q, but this client serves tunnel %q: restart the client to switch tunnels", c.cfg.TokenFile, name, c.tunnel)
 	}
+	stream, err := sendLogin(mux, c.frpAuth, c.tunnel, map[string]string{
+		auth.TokenMetaKey:    token,
+		tunnel.RoutesMetaKey: c.advertisedRoutes,
+	})
+	if err != nil {
+		return nil, err
+	}
+	rw, err := netpkg.NewCryptoReadWriter(stream, c.frpAuth.EncryptionKey())
+	if err != nil {
+		_ = stream.Close()
+		return nil, fmt.Errorf("encrypt control channel: %w", err)
+	}
+	return &controlStream{stream: stream, rw: msg.NewV1ReadWriter(rw)}, nil
+}
+
+// sendLogin opens the control stream, sends frp's Login with metas (and the
+// client's version) and reads the answer. It returns the stream once the
+// server has accepted the login.
+func sendLogin(mux *yamux.Session, frpAuth *frpauth.ClientAuth, runID string, metas map[string]string) (net.Conn, error) {
 	stream, err := mux.OpenStream()
 	if err != nil {
 		return nil, fmt.Errorf("open control stream: %w", err)
 	}
 	hostname, _ := os.Hostname()
+	metas[tunnel.ClientMetaKey] = version.String()
 	login := &msg.Login{
 		Version:   frpversion.Full(),
 		Hostname:  hostname,
 		Os:        runtime.GOOS,
 		Arch:      runtime.GOARCH,
 		Timestamp: time.Now().Unix(),
-		RunID:     c.tunnel,
-		Metas: map[string]string{
-			auth.TokenMetaKey:    token,
-			tunnel.ClientMetaKey: version.String(),
-			tunnel.RoutesMetaKey: c.advertisedRoutes,
-		},
+		RunID:     runID,
+		Metas:     metas,
 	}
-	if err := c.frpAuth.Setter.SetLogin(login); err != nil {
+	if err := frpAuth.Setter.SetLogin(login); err != nil {
 		_ = stream.Close()
 		return nil, fmt.Errorf("sign login: %w", err)
 	}
@@ -175,20 +191,15 @@ func (c *Client) login(mux *yamux.Session) (*controlStream, error) {
 	_ = stream.SetDeadline(time.Time{})
 	if resp.Error != "" {
 		_ = stream.Close()
-		return nil, &rejectedError{reason: resp.Error}
+		return nil, &RejectedError{Reason: resp.Error}
 	}
-	rw, err := netpkg.NewCryptoReadWriter(stream, c.frpAuth.EncryptionKey())
-	if err != nil {
-		_ = stream.Close()
-		return nil, fmt.Errorf("encrypt control channel: %w", err)
-	}
-	return &controlStream{stream: stream, rw: msg.NewV1ReadWriter(rw)}, nil
+	return stream, nil
 }
 
-// rejectedError is the server's refusal of a login, in its own words.
-type rejectedError struct{ reason string }
+// RejectedError is the server's refusal of a login, in its own words.
+type RejectedError struct{ Reason string }
 
-func (e *rejectedError) Error() string { return "login rejected by the server: " + e.reason }
+func (e *RejectedError) Error() string { return "login rejected by the server: " + e.Reason }
 
 // routeAnswered records the server's answer to the route registration.
 func (c *Client) routeAnswered(name, errMsg string) {

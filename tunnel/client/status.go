@@ -194,6 +194,7 @@ func (s *status) collectors() []prometheus.Collector {
 //	/readyz   200 only while the tunnel is logged in and its route registered
 //	/status   the state as JSON (what `tether status` prints)
 //	/metrics  Prometheus
+//	/debug/logs  the client's last log lines, JSON, oldest first
 func (c *Client) healthHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -213,6 +214,10 @@ func (c *Client) healthHandler() http.Handler {
 		_ = enc.Encode(c.status.snapshot())
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.metrics, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /debug/logs", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/x-ndjson")
+		c.logs.writeTo(w)
+	})
 	return mux
 }
 

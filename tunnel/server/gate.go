@@ -141,6 +141,10 @@ func (s *Server) admitStream(sess *Session, stream net.Conn) {
 	}
 	switch m := op.Msg.(type) {
 	case *msg.Login:
+		if _, probe := m.Metas[tunnel.ProbeMetaKey]; probe {
+			s.answerProbe(sess, stream, m)
+			return
+		}
 		version := "frpc " + m.Version
 		if v := m.Metas[tunnel.ClientMetaKey]; v != "" {
 			version = v

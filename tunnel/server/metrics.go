@@ -20,6 +20,7 @@ type metrics struct {
 	loginsRejected   *prometheus.CounterVec
 	routesRejected   *prometheus.CounterVec
 	refusedStreams   *prometheus.CounterVec
+	probes           *prometheus.CounterVec
 	unrouted         *prometheus.CounterVec
 	requestDuration  *prometheus.HistogramVec
 }
@@ -47,6 +48,10 @@ func newMetrics(registry Registry) *metrics {
 			Name: "tether_streams_refused_total",
 			Help: "Client streams refused by the session layer before reaching frp, by reason.",
 		}, []string{"reason"}),
+		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_login_probes_total",
+			Help: "Login probes (tether diagnose) answered, by result (accepted, rejected).",
+		}, []string{"result"}),
 		unrouted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_http_unrouted_requests_total",
 			Help: "Public HTTP requests answered by tether itself: unknown_host (404) or tunnel_down (503).",
@@ -59,7 +64,7 @@ func newMetrics(registry Registry) *metrics {
 	}
 	m.reg.MustRegister(
 		m.sessionsReplaced, m.loginsAccepted, m.loginsRejected, m.routesRejected,
-		m.refusedStreams, m.unrouted, m.requestDuration,
+		m.refusedStreams, m.probes, m.unrouted, m.requestDuration,
 		tunnelCollector{registry: registry},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -26,6 +26,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"net/url"
 	"os"
 	"strings"
 	"sync"
@@ -50,6 +51,12 @@ type Config struct {
 	AdminAddr string
 	// Domain: tunnel N is served at N.<Domain>, and only there.
 	Domain string
+	// PublicURL is where the platform reaches tunnels, with "*" standing
+	// for the tunnel name: e.g. https://*.tunnels.example.com when TLS is
+	// terminated in front of HTTPAddr. Told to `tether diagnose`, which
+	// tests the public path with it. Default: http://*.<Domain>, with
+	// HTTPAddr's port unless it is 80.
+	PublicURL string
 	// TLSCertFile and TLSKeyFile are the tunnel listener's key pair, re-read
 	// when they change. Both empty: a self-signed certificate is made at
 	// start and its SHA-256 fingerprint logged.
@@ -84,6 +91,24 @@ func (c *Config) setDefaults() {
 	c.Domain = strings.Trim(strings.ToLower(c.Domain), ".")
 }
 
+// defaultPublicURL is http://*.<domain> at the HTTP entry's port.
+func defaultPublicURL(domain string, entry net.Addr) string {
+	u := "http://*." + domain
+	if _, port, err := net.SplitHostPort(entry.String()); err == nil && port != "80" {
+		u += ":" + port
+	}
+	return u
+}
+
+// validPublicURL checks --public-url: http(s), a host that starts with "*.".
+func validPublicURL(s string) error {
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || !strings.HasPrefix(u.Host, "*.") {
+		return errors.New("want an http or https URL whose host starts with '*.' (the tunnel name), e.g. https://*.tunnels.example.com")
+	}
+	return nil
+}
+
 // Validate reports every problem of the configuration, each naming its flag.
 func (c *Config) Validate() error {
 	var errs []error
@@ -96,6 +121,11 @@ func (c *Config) Validate() error {
 	}
 	if err := validDomain(c.Domain); err != nil {
 		errs = append(errs, fmt.Errorf("--domain %q: %w", c.Domain, err))
+	}
+	if c.PublicURL != "" {
+		if err := validPublicURL(c.PublicURL); err != nil {
+			errs = append(errs, fmt.Errorf("--public-url %q: %w", c.PublicURL, err))
+		}
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together: give both files, or neither for a self-signed certificate"))
@@ -246,6 +276,9 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	pluginMux.Handle(pluginPath, plugin)
 	pluginSrv := &http.Server{Handler: pluginMux, ReadHeaderTimeout: 10 * time.Second}
 
+	if s.cfg.PublicURL == "" {
+		s.cfg.PublicURL = defaultPublicURL(s.cfg.Domain, ls.HTTP.Addr())
+	}
 	s.frpConns = tunnel.NewConnListener(ls.Tunnel.Addr())
 	frp, err := startFRP(s.cfg.Domain, pluginLn.Addr().String(), pluginPath, plugin.Ops(), s.frpConns)
 	if err != nil {

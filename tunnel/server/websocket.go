@@ -33,6 +33,12 @@ func acceptWebsocket(conn net.Conn, log *zap.Logger) (net.Conn, error) {
 			<-c.done
 		},
 	})
+	// Anything else is a person (or `tether diagnose`, reading the Date
+	// header for the clock check) looking at the tunnel port.
+	mux.HandleFunc("/", func(w http.ResponseWriter, _ *http.Request) {
+		http.Error(w, "tether tunnel server: tunnel clients connect here (TLS, or wss at "+tunnel.WebsocketPath+
+			"); requests for tunnels go to the HTTP entry at <tunnel>.<domain>", http.StatusNotFound)
+	})
 	ln := &oneConnListener{conn: &closeNotifyConn{Conn: conn, closed: make(chan struct{})}}
 	srv := &http.Server{
 		Handler:           mux,

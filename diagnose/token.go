@@ -1,0 +1,161 @@
+package diagnose
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/golang-jwt/jwt/v5"
+
+	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/tunnel/client"
+)
+
+// tokenWarnBefore is how close to its expiry a token draws a warning.
+const tokenWarnBefore = time.Hour
+
+// tokenClaims are the claims a tunnel token carries.
+type tokenClaims struct {
+	jwt.RegisteredClaims
+	Account string `json:"account"`
+	Runtime string `json:"runtime"`
+}
+
+// checkToken reads the token file and shows what the token says, judged by
+// the server's clock when the clock check learned it. The token itself is
+// never shown.
+func (r *run) checkToken(context.Context) Check {
+	path := r.o.Client.TokenFile
+	if path == "" {
+		r.tokenErr = true
+		return fail("--token-file is not set", "point --token-file at the mounted token Secret (TETHER_TOKEN_FILE in the sidecar)")
+	}
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		r.tokenErr = true
+		return fail(fmt.Sprintf("--token-file %s does not exist", path),
+			"mount the tunnel's token Secret there, or fix --token-file (kubectl describe pod shows the volume mounts)")
+	case errors.Is(err, fs.ErrPermission):
+		r.tokenErr = true
+		return fail(fmt.Sprintf("--token-file %s is not readable by this user (uid %d)", path, os.Getuid()),
+			"make the Secret volume readable: set defaultMode: 0440 on it and fsGroup in the pod's securityContext")
+	case err != nil:
+		r.tokenErr = true
+		return fail(fmt.Sprintf("read --token-file %s: %v", path, err), "fix --token-file")
+	}
+	token := strings.TrimSpace(string(b))
+	if token == "" {
+		r.tokenErr = true
+		return fail(fmt.Sprintf("--token-file %s is empty", path), "put the JWT printed by `tether token issue` in the Secret")
+	}
+	var claims tokenClaims
+	parsed, _, err := jwt.NewParser().ParseUnverified(token, &claims)
+	if err != nil {
+		r.tokenErr = true
+		return fail(fmt.Sprintf("--token-file %s does not hold a JWT (%d bytes; %v)", path, len(token), err),
+			"the file must hold only the token printed by `tether token issue`: no quotes, no \"Bearer \", no other lines")
+	}
+	r.token = token
+
+	now, clock := r.o.Now(), "this machine's clock"
+	if r.skew != nil {
+		now, clock = now.Add(*r.skew), "the server's clock"
+	}
+	lines := []string{fmt.Sprintf("tunnel (sub) %q, account %q, runtime %q; signed %s", claims.Subject, claims.Account, claims.Runtime, parsed.Method.Alg())}
+	if kid, ok := parsed.Header["kid"].(string); ok {
+		lines[0] += ", key ID " + kid
+	}
+	if claims.IssuedAt != nil {
+		lines = append(lines, fmt.Sprintf("issued %s (%s)", claims.IssuedAt.UTC().Format(time.RFC3339), until(claims.IssuedAt.Time, now)))
+	}
+	if claims.ExpiresAt != nil {
+		lines = append(lines, fmt.Sprintf("expires %s (%s, by %s)", claims.ExpiresAt.UTC().Format(time.RFC3339), until(claims.ExpiresAt.Time, now), clock))
+	}
+	detail := strings.Join(lines, "\n")
+	reissue := fmt.Sprintf("issue a new token (tether token issue --tunnel %s ...) and update the Secret; the client re-reads the file at its next connect, no restart needed", claims.Subject)
+	switch {
+	case auth.ValidTunnelName(claims.Subject) != nil:
+		return fail(detail+"\nsub is not a tunnel name: "+auth.ValidTunnelName(claims.Subject).Error(), "issue the token with --tunnel set to a DNS label (a-z, 0-9, '-')")
+	case claims.ExpiresAt == nil:
+		return fail(detail+"\nthe token has no exp claim; the server requires one", reissue)
+	case now.After(claims.ExpiresAt.Time):
+		return fail(detail+"\nthe token has expired", reissue)
+	case claims.NotBefore != nil && now.Before(claims.NotBefore.Time):
+		return fail(detail+fmt.Sprintf("\nthe token is not valid before %s (%s)", claims.NotBefore.UTC().Format(time.RFC3339), until(claims.NotBefore.Time, now)),
+			"wait, or issue a token without a future nbf; if the time looks wrong, see the clock check")
+	case claims.ExpiresAt.Sub(now) < tokenWarnBefore:
+		return warn(detail+"\nthe token expires within the hour", reissue)
+	}
+	return pass(detail)
+}
+
+// checkLogin asks the server, with a login probe, whether it accepts the
+// token. The probe registers nothing, so a running client is not disturbed.
+func (r *run) checkLogin(ctx context.Context) Check {
+	switch {
+	case r.prober == nil:
+		return unusable()
+	case r.token == "":
+		return Check{Status: Skip, Detail: "skipped: no usable token (see token)"}
+	case !r.reachable:
+		return Check{Status: Skip, Detail: "skipped: the server is not reachable (see tcp)"}
+	}
+	ctx, cancel := r.bounded(ctx)
+	defer cancel()
+	start := time.Now()
+	reply, err := r.prober.Login(ctx, r.token)
+	took := time.Since(start)
+	if rej, ok := errors.AsType[*client.RejectedError](err); ok {
+		return fail("the server refused the login: "+rej.Reason, loginHint(rej.Reason))
+	}
+	if err != nil {
+		return fail(fmt.Sprintf("login over %s failed: %v", r.cfg.Transport, err), loginErrHint(r.cfg.Transport, err))
+	}
+	r.probe = reply
+	lines := []string{fmt.Sprintf("the server (%s) accepts the token for tunnel %q (account %q, runtime %q) in %s",
+		reply.ServerVersion, reply.Tunnel, reply.Account, reply.Runtime, ms(took))}
+	if reply.PublicURL != "" {
+		lines = append(lines, "public URL: "+reply.PublicURL)
+	}
+	if !reply.Connected {
+		lines = append(lines, "no client serves this tunnel right now")
+		return warn(strings.Join(lines, "\n"), "the path works, but the tunnel is down: start `tether client` with this configuration, or read its log and `tether status` where it runs")
+	}
+	since := ""
+	if reply.ConnectedSince != nil {
+		since = fmt.Sprintf(" since %s (%s)", reply.ConnectedSince.UTC().Format(time.RFC3339), until(*reply.ConnectedSince, r.o.Now()))
+	}
+	lines = append(lines, fmt.Sprintf("a client serves this tunnel from %s%s", reply.ClientAddress, since))
+	return pass(strings.Join(lines, "\n"))
+}
+
+// loginHint turns the server's reason code (the text before the first
+// colon) into what to do.
+func loginHint(reason string) string {
+	code, _, _ := strings.Cut(reason, ":")
+	switch auth.Reason(code) {
+	case auth.ReasonExpired, auth.ReasonNoExpiry:
+		return "issue a new token with `tether token issue` and update the Secret; the client picks it up at its next connect"
+	case auth.ReasonSignature, auth.ReasonUnknownKey, auth.ReasonAlgorithm:
+		return "the token was signed with a key the server does not trust: issue it with the private key whose public key is in the server's --jwt-public-key (during a key rotation the server's file must hold both public keys)"
+	case auth.ReasonNotYetValid:
+		return "the token is not valid yet by the server's clock: see the clock check, or issue it without a future nbf"
+	case auth.ReasonIssuer, auth.ReasonAudience:
+		return "the server requires a specific iss/aud (--jwt-issuer, --jwt-audience): issue the token with those values"
+	case auth.ReasonMalformed, auth.ReasonMissingToken, auth.ReasonSubject:
+		return "the token file must hold only the JWT printed by `tether token issue`"
+	}
+	return "the platform operator can look up this reason in the server's log (tunnel login rejected)"
+}
+
+func loginErrHint(transport string, err error) string {
+	if transport == "wss" && strings.Contains(err.Error(), "wss upgrade") {
+		return "a proxy or load balancer in the way does not pass websockets: allow the upgrade at /~!frp, or use --transport tcp"
+	}
+	return "the earlier checks reached the server, so the login itself failed: retry, and give the platform operator this output and the time"
+}
