@@ -93,6 +93,7 @@ Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
 		NewCmdServer(f, run.server),
 		NewCmdClient(f, run.client),
 		NewCmdToken(f),
+		NewCmdStatus(f),
 		NewCmdDemo(f, nil),
 		NewCmdVersion(f),
 	)
