@@ -114,7 +114,8 @@ func (f Filter) Apply(list []server.Info) ([]server.Info, error) {
 	return kept, nil
 }
 
-// NoMatchError: tunnel names were asked for that no connected tunnel has.
+// NoMatchError says that tunnel names were asked for that no connected
+// tunnel has.
 type NoMatchError struct {
 	Patterns  []string
 	Connected int // how many tunnels the server lists
