@@ -33,9 +33,10 @@ the command fail. --admin-token-file is the file of the server's own
 --admin-token-file, when it has one.
 
 Without --admin, ask the tether client at --health-addr (/status) and print its
-state: server, transport, login, last error, reconnects and routes. In the
-client's container TETHER_HEALTH_ADDR is already set, so
-"kubectl exec POD -c tether -- tether status" needs no flags.
+state: server, transport, login, last error, reconnects and routes. It is the
+client's own flag, so in a client container configured with
+TETHER_HEALTH_ADDR=0.0.0.0:8081, "kubectl exec POD -c tether -- tether status"
+needs no flags (a wildcard host is dialled on loopback).
 
 -o wide adds TRANSPORT, ROUTE, TOKEN-EXPIRES and REQUESTS to the server's table;
 -o json prints the endpoint's JSON and nothing else.`,
