@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -247,6 +248,8 @@ Through the tunnel, to the stand-ins:
 What tether knows:
   curl %[5]s/api/tunnels
   curl %[6]s/status
+  tether status --admin %[5]s                                              # the server's tunnels, as a table
+  tether status --health-addr %[9]s                                               # the client's connection
   curl -H 'Host: nobody.%[8]s' %[1]s/                                  # 503: tunnel not connected
-`, entry, tunnel, host, ls.Tunnel.Addr(), admin, healthURL, port, demoDomain)
+`, entry, tunnel, host, ls.Tunnel.Addr(), admin, healthURL, port, demoDomain, strings.TrimPrefix(healthURL, "http://"))
 }

@@ -103,6 +103,7 @@ Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
 		NewCmdClient(f, run.client),
 		NewCmdToken(f),
 		NewCmdDiagnose(f),
+		NewCmdStatus(f),
 		NewCmdDemo(f, nil),
 		NewCmdVersion(f),
 	)

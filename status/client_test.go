@@ -1,0 +1,173 @@
+package status
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/tunnel/client"
+)
+
+func timeAt(d time.Duration) *time.Time { t := now.Add(d); return &t }
+
+// healthAPI serves snap at /status like a tether client and returns the
+// server's HOST:PORT.
+func healthAPI(t *testing.T, snap client.Snapshot) string {
+	t.Helper()
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(snap)
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	return srv.Listener.Addr().String()
+}
+
+var loggedIn = client.Snapshot{
+	Tunnel: "acme-prod", Server: "tunnels.example.com:7000", Transport: "wss", Via: "proxy http://proxy.corp:3128",
+	Ready: true, State: "ready", Connected: true,
+	ConnectedSince: timeAt(-(3*time.Hour + 12*time.Minute)), LoggedInSince: timeAt(-(3*time.Hour + 11*time.Minute)),
+	LastError: "dial tcp 203.0.113.1:7000: connection refused", LastErrorAt: timeAt(-(3*time.Hour + 13*time.Minute)),
+	Reconnects: 2,
+	Routes: []client.RouteState{
+		{Prefix: "/", Upstream: "http://app-proxy:8080", Adapter: "app-proxy"},
+		{Prefix: "/workflows", Upstream: "https://argo-server:2746/", Adapter: "argo-workflows"},
+	},
+}
+
+func showClient(t *testing.T, addr string, format Format) (string, error) {
+	t.Helper()
+	h, err := NewHealth(addr)
+	if err != nil {
+		t.Fatalf("NewHealth(%q): %v", addr, err)
+	}
+	snap, err := h.Snapshot(context.Background())
+	if err != nil {
+		return "", err
+	}
+	var out bytes.Buffer
+	err = Printer{Out: &out, Format: format, Now: clock}.Client(snap)
+	return out.String(), err
+}
+
+func TestClientLoggedIn(t *testing.T) {
+	out, err := showClient(t, healthAPI(t, loggedIn), Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `Tunnel:       acme-prod
+Server:       tunnels.example.com:7000
+Transport:    wss
+Via:          proxy http://proxy.corp:3128
+State:        ready
+Logged in:    yes, for 3h11m (since 2025-03-01T08:49:00Z)
+Connected:    yes, for 3h12m (since 2025-03-01T08:48:00Z)
+Last error:   dial tcp 203.0.113.1:7000: connection refused (3h13m ago)
+Reconnects:   2
+Routes:
+  PREFIX       UPSTREAM                    ADAPTER
+  /            http://app-proxy:8080       app-proxy
+  /workflows   https://argo-server:2746/   argo-workflows
+`
+	if out != want {
+		t.Errorf("client status:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+func TestClientDisconnected(t *testing.T) {
+	snap := client.Snapshot{
+		Tunnel: "acme-prod", Server: "tunnels.example.com:7000", Transport: "tcp",
+		State:     "not connected to the tunnel server: token expired",
+		LastError: "token expired", LastErrorAt: timeAt(-30 * time.Second),
+	}
+	out, err := showClient(t, healthAPI(t, snap), Wide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{
+		"Via:          <none>",
+		"State:        not connected to the tunnel server: token expired",
+		"Logged in:    no",
+		"Connected:    no",
+		"Last error:   token expired (30s ago)",
+		"Reconnects:   0",
+		"Routes:       <none>",
+	} {
+		if !strings.Contains(out, line+"\n") {
+			t.Errorf("client status lacks %q:\n%s", line, out)
+		}
+	}
+}
+
+func TestClientJSON(t *testing.T) {
+	out, err := showClient(t, healthAPI(t, loggedIn), JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got client.Snapshot
+	dec := json.NewDecoder(strings.NewReader(out))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&got); err != nil || dec.More() {
+		t.Fatalf("stdout is not one snapshot: %v\n%s", err, out)
+	}
+	if !reflect.DeepEqual(got, loggedIn) {
+		t.Errorf("JSON %+v, want %+v", got, loggedIn)
+	}
+}
+
+// In a pod the client listens on a wildcard address; status dials loopback.
+func TestHealthWildcardAddress(t *testing.T) {
+	addr := healthAPI(t, loggedIn)
+	_, port, _ := net.SplitHostPort(addr)
+	for _, wildcard := range []string{"0.0.0.0:" + port, ":" + port} {
+		if out, err := showClient(t, wildcard, Table); err != nil || !strings.Contains(out, "acme-prod") {
+			t.Errorf("--health-addr %s: %v\n%s", wildcard, err, out)
+		}
+	}
+	h, err := NewHealth("[::]:8081")
+	if err != nil || h.addr != "[::1]:8081" {
+		t.Errorf("NewHealth([::]:8081) dials %q (%v), want [::1]:8081", h.addr, err)
+	}
+	for _, bad := range []string{"8081", "http://127.0.0.1:8081", ""} {
+		if _, err := NewHealth(bad); err == nil || !contains(err.Error(), "--health-addr", "HOST:PORT") {
+			t.Errorf("NewHealth(%q) error %v; want one naming --health-addr and HOST:PORT", bad, err)
+		}
+	}
+}
+
+func TestHealthErrors(t *testing.T) {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /api/tunnels", func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte("[]"))
+	})
+	admin := httptest.NewServer(mux) // a server's admin address, which has no /status
+	t.Cleanup(admin.Close)
+	other := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = w.Write([]byte(`{"status": "ok"}`))
+	}))
+	t.Cleanup(other.Close)
+	adminAddr, otherAddr, closed := admin.Listener.Addr().String(), other.Listener.Addr().String(), closedAddr(t)
+
+	for name, tc := range map[string]struct {
+		addr string
+		want string
+	}{
+		"refused":       {closed, "no tether client health endpoint at " + closed + ": check --health-addr (the client's --health-addr)"},
+		"404":           {adminAddr, adminAddr + " does not look like a tether client health address"},
+		"other service": {otherAddr, otherAddr + " does not look like a tether client health address"},
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := showClient(t, tc.addr, Table); err == nil || !contains(err.Error(), tc.want, "--health-addr") {
+				t.Errorf("error %v; want one containing %q", err, tc.want)
+			}
+		})
+	}
+}

@@ -1,0 +1,35 @@
+// Package status reads what tether reports about its tunnels and prints it
+// for people: a server's connected tunnels from its admin API
+// (GET /api/tunnels), or one client's state from its health address
+// (GET /status). It decodes into the types the server and the client encode,
+// server.Info and client.Snapshot, so each JSON shape has one definition.
+package status
+
+import (
+	"fmt"
+	"time"
+)
+
+// Format is how a result is printed.
+type Format string
+
+// The output formats of `tether status --output`.
+const (
+	Table Format = ""     // columns for people
+	Wide  Format = "wide" // the table with more columns
+	JSON  Format = "json" // what the endpoint answered, and nothing else
+)
+
+// ParseFormat reads a --output value; "" and "table" mean Table.
+func ParseFormat(s string) (Format, error) {
+	switch s {
+	case "", "table":
+		return Table, nil
+	case string(Wide), string(JSON):
+		return Format(s), nil
+	}
+	return "", fmt.Errorf("--output %q: want json or wide (or nothing, for the table)", s)
+}
+
+// DefaultTimeout bounds one request when no timeout is given.
+const DefaultTimeout = 10 * time.Second

@@ -1,0 +1,109 @@
+package test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tether-dev/tether/internal/testutil"
+)
+
+// TestStatus: `tether status` shows a real server's connected tunnels,
+// through its admin token, and a real client's connection, from the
+// addresses the server and the client serve them on.
+func TestStatus(t *testing.T) {
+	t.Parallel()
+	k := newKeys(t)
+	const adminToken = "status-test-admin-token-0123456789"
+	tokenFile := writeFile(t, t.TempDir(), "admin-token", adminToken+"\n")
+	srv := startServer(t, k, serverOpts{args: []string{"--admin-token-file", tokenFile}})
+	backend := newBackend(t, "acme-root", nil)
+	cl := startClient(t, srv, clientOpts{
+		tokenFile: writeToken(t, k.issue(t, "acme-prod", time.Hour, "--account", "acme", "--runtime", "prod")),
+		routes:    []string{"/=" + backend.url()},
+	})
+	startClient(t, srv, clientOpts{
+		tokenFile: writeToken(t, k.issue(t, "globex", time.Hour, "--account", "globex-inc", "--runtime", "staging")),
+		routes:    []string{"/=" + backend.url()},
+	})
+	admin := "http://" + srv.adminAddr
+
+	t.Run("server table", func(t *testing.T) {
+		var rows [][]string
+		testutil.WaitFor(t, readyTimeout, func() error {
+			code, stdout, stderr := runTether(t, nil, "status", "--admin", admin, "--admin-token-file", tokenFile)
+			if code != 0 {
+				return fmt.Errorf("tether status: exit %d: %s", code, stderr)
+			}
+			rows = nil
+			for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
+				rows = append(rows, strings.Fields(line))
+			}
+			if len(rows) != 3 {
+				return fmt.Errorf("tether status printed %d lines, want a header and 2 tunnels:\n%s", len(rows), stdout)
+			}
+			return nil
+		})
+		if got := strings.Join(rows[0], " "); got != "NAME ACCOUNT RUNTIME CLIENT CONNECTED VERSION IN OUT" {
+			t.Errorf("header %q", got)
+		}
+		for i, want := range [][]string{{"acme-prod", "acme", "prod"}, {"globex", "globex-inc", "staging"}} {
+			if got := rows[i+1][:3]; strings.Join(got, " ") != strings.Join(want, " ") {
+				t.Errorf("row %d starts %q, want %q (sorted by name)", i+1, got, want)
+			}
+			if !strings.HasPrefix(rows[i+1][3], "127.0.0.1:") || rows[i+1][5] != "tether" {
+				t.Errorf("row %d %q: want the client's loopback address and a tether version", i+1, rows[i+1])
+			}
+		}
+	})
+
+	t.Run("server json filtered by a glob", func(t *testing.T) {
+		code, stdout, stderr := runTether(t, []string{"TETHER_ADMIN=" + admin, "TETHER_ADMIN_TOKEN_FILE=" + tokenFile},
+			"status", "-o", "json", "acme-*")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		var list []tunnelInfo
+		if err := json.Unmarshal([]byte(stdout), &list); err != nil {
+			t.Fatalf("stdout is not the JSON list: %v\n%s", err, stdout)
+		}
+		if len(list) != 1 || list[0].Name != "acme-prod" || list[0].Account != "acme" || list[0].Runtime != "prod" || list[0].BytesIn == 0 {
+			t.Errorf("list %+v, want acme-prod alone, with its account, runtime and traffic", list)
+		}
+	})
+
+	t.Run("server without the token", func(t *testing.T) {
+		code, stdout, stderr := runTether(t, nil, "status", "--admin", admin)
+		if code != 1 || stdout != "" || !strings.Contains(stderr, "needs a token: pass --admin-token-file") {
+			t.Errorf("exit %d, stdout %q, stderr %q; want exit 1 and a message asking for --admin-token-file", code, stdout, stderr)
+		}
+	})
+
+	t.Run("client", func(t *testing.T) {
+		// As in the client's container, where TETHER_HEALTH_ADDR is set.
+		code, stdout, stderr := runTether(t, []string{"TETHER_HEALTH_ADDR=" + cl.healthAddr}, "status")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		for _, want := range []string{
+			"Tunnel:       acme-prod\n",
+			"Server:       " + srv.tunnelAddr + "\n",
+			"State:        ready\n",
+			"Logged in:    yes, for ",
+			"Connected:    yes, for ",
+			"Routes:\n",
+		} {
+			if !strings.Contains(stdout, want) {
+				t.Errorf("client status lacks %q:\n%s", want, stdout)
+			}
+		}
+		_, routes, _ := strings.Cut(stdout, "Routes:\n")
+		if want := "PREFIX UPSTREAM ADAPTER / " + backend.url() + " app-proxy"; strings.Join(strings.Fields(routes), " ") != want {
+			t.Errorf("routes:\n%s\nwant the one route / to %s", routes, backend.url())
+		}
+	})
+
+	assertNoSecret(t, "the admin token", adminToken, srv.proc)
+}
