@@ -7,10 +7,11 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/tether-dev/tether/tunnel/client"
 )
 
 // BundleOptions say what goes into a support bundle besides the report.
@@ -59,7 +60,7 @@ func WriteBundle(ctx context.Context, w io.Writer, r Report, o BundleOptions) er
 	if o.HealthAddr == "" {
 		missing = append(missing, "status.json, metrics.txt, logs.txt: no --health-addr, so the client's state could not be read; add kubectl logs of the client container")
 	} else {
-		base := "http://" + dialable(o.HealthAddr)
+		base := "http://" + client.LocalHealthAddr(o.HealthAddr)
 		for _, f := range []struct{ name, path string }{
 			{"status.json", "/status"}, {"metrics.txt", "/metrics"}, {"logs.txt", "/debug/logs"},
 		} {
@@ -106,19 +107,6 @@ func scrub(data []byte, secrets []string) []byte {
 		}
 	}
 	return data
-}
-
-// dialable turns a listen address into one to connect to: a wildcard host
-// (0.0.0.0, ::, none) becomes loopback.
-func dialable(addr string) string {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		return addr
-	}
-	if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		host = "127.0.0.1"
-	}
-	return net.JoinHostPort(host, port)
 }
 
 func fetch(ctx context.Context, url string, timeout time.Duration) ([]byte, error) {

@@ -142,6 +142,7 @@ type run struct {
 	tokenErr  bool           // the token check failed
 	probe     *tunnel.ProbeReply
 	reachable bool // TCP reached the server
+	trusted   bool // the server's certificate passed the client's trust settings
 }
 
 // Run performs every check, in order, and returns the report. It returns

@@ -352,7 +352,7 @@ func TestClockSkew(t *testing.T) {
 		})
 	}
 	t.Run("the token is judged by the server's clock", func(t *testing.T) {
-		s := clockServer(t, 2*time.Hour)
+		s := clockServer(t, 3*time.Hour)
 		o := Options{Client: client.Config{
 			Server: s.Listener.Addr().String(), TokenFile: k.tokenFile(t, "acme", time.Now(), 2*time.Hour),
 			TLSInsecureSkipVerify: true, Proxy: "direct", Routes: routes(t, "/="+backend(t)),

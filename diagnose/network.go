@@ -149,6 +149,8 @@ func (r *run) tcpHint(err error) string {
 	switch {
 	case strings.Contains(msg, "refused CONNECT"):
 		return fmt.Sprintf("the egress proxy does not allow %s: ask its administrators to allow CONNECT to port %s, or exempt the server with NO_PROXY if it is reachable directly", r.cfg.Server, r.port)
+	case strings.Contains(msg, "egress proxy") && !strings.Contains(msg, "CONNECT"):
+		return "the egress proxy cannot be reached or fails (see proxy): fix HTTPS_PROXY/--proxy, or exempt the server with NO_PROXY if it is reachable directly"
 	case strings.Contains(msg, "requires authentication"):
 		return "put user:password@ in the proxy URL (HTTPS_PROXY or --proxy)"
 	case errors.Is(err, syscall.ECONNREFUSED):

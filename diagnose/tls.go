@@ -51,6 +51,7 @@ func (r *run) checkTLS(ctx context.Context) Check {
 		lines = append(lines, fmt.Sprintf("chain: %s, issued by %s", c.Subject, c.Issuer))
 	}
 	c := r.verifyServerCert(want, cs, fp[:])
+	r.trusted = c.Status != Fail
 	if c.Status == Pass {
 		if left := leaf.NotAfter.Sub(r.o.Now()); left < certWarnBefore {
 			c = warn(c.Detail+"; the certificate expires soon",

@@ -66,7 +66,7 @@ func (r *run) checkToken(context.Context) Check {
 	if r.skew != nil {
 		now, clock = now.Add(*r.skew), "the server's clock"
 	}
-	lines := []string{fmt.Sprintf("tunnel (sub) %q, account %q, runtime %q; signed %s", claims.Subject, claims.Account, claims.Runtime, parsed.Method.Alg())}
+	lines := []string{fmt.Sprintf("tunnel (sub) %q%s; signed %s", claims.Subject, describeOwner(claims.Account, claims.Runtime), parsed.Method.Alg())}
 	if kid, ok := parsed.Header["kid"].(string); ok {
 		lines[0] += ", key ID " + kid
 	}
@@ -83,8 +83,10 @@ func (r *run) checkToken(context.Context) Check {
 		return fail(detail+"\nsub is not a tunnel name: "+auth.ValidTunnelName(claims.Subject).Error(), "issue the token with --tunnel set to a DNS label (a-z, 0-9, '-')")
 	case claims.ExpiresAt == nil:
 		return fail(detail+"\nthe token has no exp claim; the server requires one", reissue)
-	case now.After(claims.ExpiresAt.Time):
+	case now.After(claims.ExpiresAt.Add(auth.DefaultLeeway)):
 		return fail(detail+"\nthe token has expired", reissue)
+	case now.After(claims.ExpiresAt.Time):
+		return warn(detail+fmt.Sprintf("\nthe token has expired; the server still accepts it for %s of clock leeway", auth.DefaultLeeway), reissue)
 	case claims.NotBefore != nil && now.Before(claims.NotBefore.Time):
 		return fail(detail+fmt.Sprintf("\nthe token is not valid before %s (%s)", claims.NotBefore.UTC().Format(time.RFC3339), until(claims.NotBefore.Time, now)),
 			"wait, or issue a token without a future nbf; if the time looks wrong, see the clock check")
@@ -104,6 +106,8 @@ func (r *run) checkLogin(ctx context.Context) Check {
 		return Check{Status: Skip, Detail: "skipped: no usable token (see token)"}
 	case !r.reachable:
 		return Check{Status: Skip, Detail: "skipped: the server is not reachable (see tcp)"}
+	case !r.trusted:
+		return Check{Status: Skip, Detail: "skipped: this client does not trust the server's certificate (see tls)"}
 	}
 	ctx, cancel := r.bounded(ctx)
 	defer cancel()
@@ -117,8 +121,8 @@ func (r *run) checkLogin(ctx context.Context) Check {
 		return fail(fmt.Sprintf("login over %s failed: %v", r.cfg.Transport, err), loginErrHint(r.cfg.Transport, err))
 	}
 	r.probe = reply
-	lines := []string{fmt.Sprintf("the server (%s) accepts the token for tunnel %q (account %q, runtime %q) in %s",
-		reply.ServerVersion, reply.Tunnel, reply.Account, reply.Runtime, ms(took))}
+	lines := []string{fmt.Sprintf("the server (%s) accepts the token for tunnel %q%s in %s",
+		reply.ServerVersion, reply.Tunnel, describeOwner(reply.Account, reply.Runtime), ms(took))}
 	if reply.PublicURL != "" {
 		lines = append(lines, "public URL: "+reply.PublicURL)
 	}
@@ -158,4 +162,16 @@ func loginErrHint(transport string, err error) string {
 		return "a proxy or load balancer in the way does not pass websockets: allow the upgrade at /~!frp, or use --transport tcp"
 	}
 	return "the earlier checks reached the server, so the login itself failed: retry, and give the platform operator this output and the time"
+}
+
+// describeOwner is ", account "a", runtime "r"" for the claims a token has.
+func describeOwner(account, runtime string) string {
+	var s string
+	if account != "" {
+		s += fmt.Sprintf(", account %q", account)
+	}
+	if runtime != "" {
+		s += fmt.Sprintf(", runtime %q", runtime)
+	}
+	return s
 }

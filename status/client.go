@@ -24,17 +24,10 @@ type Health struct {
 // or none), which is how the client listens in a pod, is dialled on
 // loopback.
 func NewHealth(addr string) (*Health, error) {
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil || port == "" {
+	if _, port, err := net.SplitHostPort(addr); err != nil || port == "" {
 		return nil, fmt.Errorf("--health-addr %q: want the client's HOST:PORT, e.g. 127.0.0.1:8081 (its --health-addr)", addr)
 	}
-	switch host {
-	case "", "0.0.0.0":
-		host = "127.0.0.1"
-	case "::":
-		host = "::1"
-	}
-	return &Health{addr: net.JoinHostPort(host, port)}, nil
+	return &Health{addr: client.LocalHealthAddr(addr)}, nil
 }
 
 // Snapshot returns the client's state.

@@ -106,7 +106,7 @@ func writeTestPKI(dir string) error {
 		SerialNumber:          big.NewInt(1),
 		Subject:               pkix.Name{CommonName: "tether e2e test CA"},
 		NotBefore:             now.Add(-time.Hour),
-		NotAfter:              now.Add(24 * time.Hour),
+		NotAfter:              now.Add(90 * 24 * time.Hour), // beyond the 14 days under which tether diagnose warns
 		IsCA:                  true,
 		BasicConstraintsValid: true,
 		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
@@ -127,7 +127,7 @@ func writeTestPKI(dir string) error {
 		SerialNumber: big.NewInt(2),
 		Subject:      pkix.Name{CommonName: "tunnel.test"},
 		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(24 * time.Hour),
+		NotAfter:     now.Add(90 * 24 * time.Hour),
 		DNSNames:     []string{"tunnel.test", "localhost"},
 		IPAddresses:  []net.IP{net.IPv4(127, 0, 0, 1)},
 		KeyUsage:     x509.KeyUsageDigitalSignature,

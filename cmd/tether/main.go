@@ -2,6 +2,7 @@
 //
 //	tether server    the platform's tunnel server
 //	tether client    the tunnel client in a customer's cluster
+//	tether diagnose  where the client's path to the server breaks, step by step
 //	tether status    a server's connected tunnels, or a client's connection
 //	tether token     keys and tokens
 //	tether demo      everything on loopback, with stand-in backends

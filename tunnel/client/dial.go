@@ -79,11 +79,7 @@ func (d *dialer) dialTCP(ctx context.Context, proxyURL *url.URL, target string) 
 		return d.dialProxy(ctx, proxyURL, target)
 	}
 	var nd net.Dialer
-	conn, err := nd.DialContext(ctx, "tcp", target)
-	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", target, err)
-	}
-	return conn, nil
+	return nd.DialContext(ctx, "tcp", target) // its error names the address
 }
 
 // proxyEnv lists the variables that name an egress proxy for a TLS

@@ -2,6 +2,7 @@ package client
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -225,4 +226,21 @@ func writeText(w http.ResponseWriter, status int, body string) {
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	w.WriteHeader(status)
 	_, _ = w.Write([]byte(body + "\n"))
+}
+
+// LocalHealthAddr is where a process on the same host reaches a client whose
+// --health-addr is listenAddr: a wildcard host (0.0.0.0, [::] or none), which
+// is how the client listens in a pod, becomes loopback.
+func LocalHealthAddr(listenAddr string) string {
+	host, port, err := net.SplitHostPort(listenAddr)
+	if err != nil {
+		return listenAddr
+	}
+	switch host {
+	case "", "0.0.0.0":
+		host = "127.0.0.1"
+	case "::":
+		host = "::1"
+	}
+	return net.JoinHostPort(host, port)
 }

@@ -1,0 +1,118 @@
+package test
+
+import (
+	"archive/tar"
+	"compress/gzip"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestDiagnoseInTheClientsEnvironment: in a client's container, where the
+// client's settings are in TETHER_* variables, `tether diagnose` needs no
+// arguments, passes every check of a healthy tunnel, tests the public URL
+// the server tells it, writes a support bundle without the token, and
+// leaves the running client alone.
+func TestDiagnoseInTheClientsEnvironment(t *testing.T) {
+	t.Parallel()
+	k := newKeys(t)
+	// *.localhost dials loopback, so the server's public URL works here.
+	srv := startServer(t, k, serverOpts{args: []string{"--domain", "localhost"}})
+	backend := newBackend(t, "acme-root", nil)
+	token := k.issue(t, "acme", 2*time.Hour, "--account", "acme-co", "--runtime", "prod")
+	tokenFile := writeToken(t, token)
+	cl := startClient(t, srv, clientOpts{tokenFile: tokenFile, routes: []string{"/=" + backend.url()}})
+
+	bundle := filepath.Join(t.TempDir(), "support.tar.gz")
+	env := []string{
+		"TETHER_SERVER=" + srv.tunnelAddr, "TETHER_TOKEN_FILE=" + tokenFile, "TETHER_TLS_CA=" + caFile,
+		"TETHER_ROUTE=/=" + backend.url(), "TETHER_HEALTH_ADDR=" + cl.healthAddr,
+	}
+	code, stdout, stderr := runTether(t, env, "diagnose", "--bundle", bundle)
+	if code != 0 {
+		t.Fatalf("exit %d\n%s\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{
+		"PASS tls", "verified for 127.0.0.1",
+		"PASS login", `accepts the token for tunnel "acme", account "acme-co", runtime "prod" in `, "a client serves this tunnel",
+		"PASS upstream /", "PASS end-to-end", "requests to http://acme.localhost:",
+		"server = " + srv.tunnelAddr + " (env TETHER_SERVER)",
+		"OK: every check passed.",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+
+	files := untar(t, bundle)
+	for _, name := range []string{"report.json", "report.txt", "version.txt", "config.txt", "status.json", "metrics.txt", "logs.txt"} {
+		if files[name] == "" {
+			t.Errorf("bundle has no %s (files: %v)", name, keysOf(files))
+		}
+	}
+	if !strings.Contains(files["logs.txt"], "tunnel ready") {
+		t.Errorf("bundle logs.txt lacks the client's recent log lines:\n%s", files["logs.txt"])
+	}
+	sig := token[strings.LastIndex(token, ".")+1:]
+	for name, data := range files {
+		if strings.Contains(data, sig) {
+			t.Errorf("bundle file %s holds the token", name)
+		}
+	}
+	if strings.Contains(stdout+stderr, sig) {
+		t.Error("diagnose printed the token")
+	}
+
+	st, err := cl.status()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Reconnects != 0 || !st.Ready {
+		t.Errorf("the running client was disturbed: %+v", st)
+	}
+	req, _ := http.NewRequest(http.MethodGet, "http://"+srv.httpAddr+"/", nil)
+	req.Host = "acme.localhost"
+	if r, err := do(req); err != nil || r.code != http.StatusOK {
+		t.Errorf("tunnel after diagnose: %+v, %v", r, err)
+	}
+	assertNoSecret(t, "the tunnel token", token, srv.proc, cl.proc)
+}
+
+func untar(t *testing.T, path string) map[string]string {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	gz, err := gzip.NewReader(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := tar.NewReader(gz)
+	files := map[string]string{}
+	for {
+		hdr, err := tr.Next()
+		if errors.Is(err, io.EOF) {
+			return files
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(tr)
+		files[filepath.Base(hdr.Name)] = string(b)
+	}
+}
+
+func keysOf(m map[string]string) []string {
+	var out []string
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}
