@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
+	"gopkg.in/yaml.v3"
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/internal/standin"
@@ -116,6 +117,11 @@ func runDemo(ctx context.Context, out io.Writer, log *zap.Logger, opts *DemoOpti
 		return err
 	}
 
+	clientConfig, err := writeDemoClientConfig(dir, ls.Tunnel.Addr().String(), tokenFile, srv.Fingerprint(), routes, health.Addr().String())
+	if err != nil {
+		return err
+	}
+
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(gctx, ls) })
 	g.Go(func() error { return c.Serve(gctx, health) })
@@ -124,7 +130,7 @@ func runDemo(ctx context.Context, out io.Writer, log *zap.Logger, opts *DemoOpti
 		if err := waitReady(gctx, healthURL+"/readyz", 20*time.Second); err != nil {
 			return fmt.Errorf("the demo tunnel did not become ready: %w (run with --log-level info to see why)", err)
 		}
-		printGuide(out, opts.Tunnel, ls, healthURL)
+		printGuide(out, opts.Tunnel, ls, healthURL, clientConfig)
 		return nil
 	})
 	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
@@ -224,7 +230,25 @@ func waitReady(ctx context.Context, readyURL string, timeout time.Duration) erro
 	}
 }
 
-func printGuide(out io.Writer, tunnel string, ls server.Listeners, healthURL string) {
+// writeDemoClientConfig writes the demo client's settings as a --config
+// file, so that `tether diagnose --config FILE` sees what the client runs with.
+func writeDemoClientConfig(dir, server, tokenFile, fingerprint string, routes []proxy.Route, healthAddr string) (string, error) {
+	specs := make([]string, len(routes))
+	for i, r := range routes {
+		specs[i] = r.String()
+	}
+	b, err := yaml.Marshal(map[string]any{
+		"server": server, "token-file": tokenFile, "tls-fingerprint": fingerprint,
+		"route": specs, "health-addr": healthAddr, "proxy": "direct",
+	})
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "client.yaml")
+	return path, os.WriteFile(path, b, 0o600)
+}
+
+func printGuide(out io.Writer, tunnel string, ls server.Listeners, healthURL, clientConfig string) {
 	entry := "http://" + ls.HTTP.Addr().String()
 	admin := "http://" + ls.Admin.Addr().String()
 	host := tunnel + "." + demoDomain
@@ -251,5 +275,6 @@ What tether knows:
   tether status --admin %[5]s                                              # the server's tunnels, as a table
   tether status --health-addr %[9]s                                               # the client's connection
   curl -H 'Host: nobody.%[8]s' %[1]s/                                  # 503: tunnel not connected
-`, entry, tunnel, host, ls.Tunnel.Addr(), admin, healthURL, port, demoDomain, strings.TrimPrefix(healthURL, "http://"))
+  tether diagnose --config %[10]s   # the client's path, step by step
+`, entry, tunnel, host, ls.Tunnel.Addr(), admin, healthURL, port, demoDomain, strings.TrimPrefix(healthURL, "http://"), clientConfig)
 }
