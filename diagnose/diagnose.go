@@ -133,16 +133,15 @@ type run struct {
 	host   string         // the server's host
 	port   string
 
-	proxy     *url.URL       // the egress proxy, nil for direct
-	addrs     []string       // the server's addresses (direct only)
-	conn      net.Conn       // a TCP connection to the server, for TLS
-	tlsConn   *tls.Conn      // the TLS connection, for the clock
-	skew      *time.Duration // server clock minus ours, once known
-	token     string         // the token, once read
-	tokenErr  bool           // the token check failed
-	probe     *tunnel.ProbeReply
-	reachable bool // TCP reached the server
-	trusted   bool // the server's certificate passed the client's trust settings
+	proxy     *url.URL           // the egress proxy, nil for direct
+	addrs     []string           // the server's addresses (direct only)
+	conn      net.Conn           // a TCP connection to the server, for TLS
+	tlsConn   *tls.Conn          // the TLS connection, for the clock
+	skew      *time.Duration     // server clock minus ours, once known
+	token     string             // the token, once read
+	probe     *tunnel.ProbeReply // the login probe's answer
+	reachable bool               // TCP reached the server
+	trusted   bool               // the server's certificate passed the client's trust settings
 }
 
 // Run performs every check, in order, and returns the report. It returns

@@ -31,32 +31,26 @@ type tokenClaims struct {
 func (r *run) checkToken(context.Context) Check {
 	path := r.o.Client.TokenFile
 	if path == "" {
-		r.tokenErr = true
 		return fail("--token-file is not set", "point --token-file at the mounted token Secret (TETHER_TOKEN_FILE in the sidecar)")
 	}
 	b, err := os.ReadFile(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
-		r.tokenErr = true
 		return fail(fmt.Sprintf("--token-file %s does not exist", path),
 			"mount the tunnel's token Secret there, or fix --token-file (kubectl describe pod shows the volume mounts)")
 	case errors.Is(err, fs.ErrPermission):
-		r.tokenErr = true
 		return fail(fmt.Sprintf("--token-file %s is not readable by this user (uid %d)", path, os.Getuid()),
 			"make the Secret volume readable: set defaultMode: 0440 on it and fsGroup in the pod's securityContext")
 	case err != nil:
-		r.tokenErr = true
 		return fail(fmt.Sprintf("read --token-file %s: %v", path, err), "fix --token-file")
 	}
 	token := strings.TrimSpace(string(b))
 	if token == "" {
-		r.tokenErr = true
 		return fail(fmt.Sprintf("--token-file %s is empty", path), "put the JWT printed by `tether token issue` in the Secret")
 	}
 	var claims tokenClaims
 	parsed, _, err := jwt.NewParser().ParseUnverified(token, &claims)
 	if err != nil {
-		r.tokenErr = true
 		return fail(fmt.Sprintf("--token-file %s does not hold a JWT (%d bytes; %v)", path, len(token), err),
 			"the file must hold only the token printed by `tether token issue`: no quotes, no \"Bearer \", no other lines")
 	}
