@@ -59,8 +59,9 @@ func TestRenderDecodes(t *testing.T) {
 			t.Run(c.name+"/"+name, func(t *testing.T) {
 				t.Parallel()
 				m := c.mustTemplate(t, files)
-				if len(m.docs) == 0 {
-					t.Fatal("rendered nothing")
+				// Only a release for the sidecar alone renders nothing.
+				if (len(m.docs) == 0) != (name == "sidecar-only-values.yaml") {
+					t.Fatalf("rendered %d manifests", len(m.docs))
 				}
 			})
 		}
@@ -513,8 +514,11 @@ func TestClientDeployment(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			m := clientChart.mustTemplate(t, files)
-			if len(m.deployments) == 0 {
-				return // deployment.enabled=false: nothing but Secrets
+			if name == "sidecar-only-values.yaml" {
+				if len(m.deployments) != 0 {
+					t.Fatal("deployment.enabled=false rendered a Deployment")
+				}
+				return
 			}
 			d := m.deployment(t)
 			pod := &d.Spec.Template.Spec
