@@ -210,13 +210,13 @@ func splitDocs(stream string) []string {
 		cur.Reset()
 	}
 	for sc.Scan() {
-		if line := sc.Text(); line == "---" || strings.HasPrefix(line, "--- ") {
+		line := sc.Text()
+		if line == "---" || strings.HasPrefix(line, "--- ") {
 			flush()
 			continue
-		} else {
-			cur.WriteString(line)
-			cur.WriteByte('\n')
 		}
+		cur.WriteString(line)
+		cur.WriteByte('\n')
 	}
 	flush()
 	return docs
