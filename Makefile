@@ -7,11 +7,17 @@ FUZZTIME ?= 10s
 GOLANGCI_LINT_VERSION := v2.15.0
 GOBIN   ?= $(shell $(GO) env GOPATH)/bin
 GOLANGCI := $(GOBIN)/golangci-lint
+HELM_VERSION := v3.22.0
+HELM    := $(GOBIN)/helm
+IMAGE   ?= tether
+IMAGE_TAG ?= $(VERSION)
+IMAGE_CONTEXT ?= bin/image
+CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 
-.PHONY: help build run test lint fmt fuzz bench e2e clean
+.PHONY: help build run test lint fmt fuzz bench e2e clean image image-context helm
 
 help: ## list the targets
-	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-8s %s\n", $$1, $$2}'
+	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
 
 build: ## build bin/tether (static, trimmed)
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/tether ./cmd/tether
@@ -19,8 +25,8 @@ build: ## build bin/tether (static, trimmed)
 run: build ## run the demo: server, client and stand-in backends on loopback
 	bin/tether demo
 
-test: ## run every test with the race detector (unit and end-to-end)
-	$(GO) test -race -shuffle=on -timeout 30m ./...
+test: helm ## run every test with the race detector (unit and end-to-end)
+	HELM=$(HELM) $(GO) test -race -shuffle=on -timeout 30m ./...
 
 e2e: ## run only the end-to-end tests
 	$(GO) test -race -timeout 30m ./test/...
@@ -31,6 +37,26 @@ lint: $(GOLANGCI) ## golangci-lint (.golangci.yml) and module tidiness
 
 $(GOLANGCI): # installed once, at the pinned version
 	GOBIN=$(GOBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+helm: ## install the pinned helm into GOBIN for the chart tests (built once, then reused)
+	@if $(GO) version -m $(HELM) 2>/dev/null | grep -Eq '^[[:space:]]+mod[[:space:]]+helm.sh/helm/v3[[:space:]]+$(HELM_VERSION)([[:space:]]|$$)'; then \
+		echo "helm $(HELM_VERSION) is at $(HELM)"; \
+	else \
+		echo "building helm $(HELM_VERSION) into $(GOBIN) (once; a few minutes)"; \
+		GOBIN=$(GOBIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+	fi
+
+image: image-context ## build the container image IMAGE:IMAGE_TAG (tether:git describe) with docker, podman or buildah
+	deploy/image.sh $(IMAGE_CONTEXT) Dockerfile $(IMAGE):$(IMAGE_TAG) $(VERSION)
+
+image-context: # stage the image's build context: static binary, CA bundle, nonroot user
+	@test -r $(CA_BUNDLE) || { echo "image: no CA bundle at $(CA_BUNDLE): install ca-certificates (apt-get install ca-certificates) or set CA_BUNDLE=FILE" >&2; exit 1; }
+	rm -rf $(IMAGE_CONTEXT)
+	mkdir -p $(IMAGE_CONTEXT)/etc/ssl/certs
+	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(IMAGE_CONTEXT)/tether ./cmd/tether
+	cp $(CA_BUNDLE) $(IMAGE_CONTEXT)/etc/ssl/certs/ca-certificates.crt
+	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > $(IMAGE_CONTEXT)/etc/passwd
+	printf 'root:x:0:\nnonroot:x:65532:\n' > $(IMAGE_CONTEXT)/etc/group
 
 fmt: ## format the code
 	gofmt -w $$(git ls-files '*.go')

@@ -1,0 +1,178 @@
+package deploy
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	appsv1 "k8s.io/api/apps/v1"
+	autoscalingv2 "k8s.io/api/autoscaling/v2"
+	corev1 "k8s.io/api/core/v1"
+	networkingv1 "k8s.io/api/networking/v1"
+	policyv1 "k8s.io/api/policy/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/yaml"
+)
+
+// serviceMonitor is the part of monitoring.coreos.com/v1 ServiceMonitor the
+// chart uses. The Prometheus Operator's Go types are not a dependency of
+// tether; decoding strictly into this struct still fails on a misspelt
+// field, and the field names follow the operator's CRD.
+type serviceMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector          metav1.LabelSelector `json:"selector"`
+		NamespaceSelector *struct {
+			MatchNames []string `json:"matchNames,omitempty"`
+			Any        bool     `json:"any,omitempty"`
+		} `json:"namespaceSelector,omitempty"`
+		Endpoints []struct {
+			Port          string `json:"port"`
+			Path          string `json:"path,omitempty"`
+			Scheme        string `json:"scheme,omitempty"`
+			Interval      string `json:"interval,omitempty"`
+			ScrapeTimeout string `json:"scrapeTimeout,omitempty"`
+		} `json:"endpoints"`
+	} `json:"spec"`
+}
+
+// manifests holds one render, decoded into the API types.
+type manifests struct {
+	raw             string
+	docs            []string
+	deployments     []*appsv1.Deployment
+	services        []*corev1.Service
+	configMaps      []*corev1.ConfigMap
+	secrets         []*corev1.Secret
+	serviceAccounts []*corev1.ServiceAccount
+	ingresses       []*networkingv1.Ingress
+	networkPolicies []*networkingv1.NetworkPolicy
+	pdbs            []*policyv1.PodDisruptionBudget
+	hpas            []*autoscalingv2.HorizontalPodAutoscaler
+	serviceMonitors []*serviceMonitor
+}
+
+func decodeAll(t *testing.T, stream string) *manifests {
+	t.Helper()
+	m, err := decodeManifests(stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// decodeManifests decodes every document strictly: an unknown field, a
+// wrong type or an unknown kind is an error.
+func decodeManifests(stream string) (*manifests, error) {
+	m := &manifests{raw: stream}
+	for i, doc := range splitDocs(stream) {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			return nil, fmt.Errorf("document %d: %w\n%s", i, err, doc)
+		}
+		var obj any
+		switch tm.APIVersion + " " + tm.Kind {
+		case "apps/v1 Deployment":
+			o := &appsv1.Deployment{}
+			m.deployments, obj = append(m.deployments, o), o
+		case "v1 Service":
+			o := &corev1.Service{}
+			m.services, obj = append(m.services, o), o
+		case "v1 ConfigMap":
+			o := &corev1.ConfigMap{}
+			m.configMaps, obj = append(m.configMaps, o), o
+		case "v1 Secret":
+			o := &corev1.Secret{}
+			m.secrets, obj = append(m.secrets, o), o
+		case "v1 ServiceAccount":
+			o := &corev1.ServiceAccount{}
+			m.serviceAccounts, obj = append(m.serviceAccounts, o), o
+		case "networking.k8s.io/v1 Ingress":
+			o := &networkingv1.Ingress{}
+			m.ingresses, obj = append(m.ingresses, o), o
+		case "networking.k8s.io/v1 NetworkPolicy":
+			o := &networkingv1.NetworkPolicy{}
+			m.networkPolicies, obj = append(m.networkPolicies, o), o
+		case "policy/v1 PodDisruptionBudget":
+			o := &policyv1.PodDisruptionBudget{}
+			m.pdbs, obj = append(m.pdbs, o), o
+		case "autoscaling/v2 HorizontalPodAutoscaler":
+			o := &autoscalingv2.HorizontalPodAutoscaler{}
+			m.hpas, obj = append(m.hpas, o), o
+		case "monitoring.coreos.com/v1 ServiceMonitor":
+			o := &serviceMonitor{}
+			m.serviceMonitors, obj = append(m.serviceMonitors, o), o
+		default:
+			return nil, fmt.Errorf("document %d: unknown kind %q of apiVersion %q: add it to decodeManifests with its Go type\n%s",
+				i, tm.Kind, tm.APIVersion, doc)
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			return nil, fmt.Errorf("document %d (%s): %w\n%s", i, tm.Kind, err, doc)
+		}
+		m.docs = append(m.docs, doc)
+	}
+	return m, nil
+}
+
+func (m *manifests) deployment(t *testing.T) *appsv1.Deployment {
+	t.Helper()
+	if len(m.deployments) != 1 {
+		t.Fatalf("rendered %d Deployments; want 1", len(m.deployments))
+	}
+	return m.deployments[0]
+}
+
+func (m *manifests) configMap(t *testing.T, name string) *corev1.ConfigMap {
+	t.Helper()
+	for _, c := range m.configMaps {
+		if c.Name == name {
+			return c
+		}
+	}
+	t.Fatalf("no ConfigMap %q rendered", name)
+	return nil
+}
+
+func (m *manifests) service(t *testing.T, suffix string) *corev1.Service {
+	t.Helper()
+	for _, s := range m.services {
+		if strings.HasSuffix(s.Name, suffix) {
+			return s
+		}
+	}
+	t.Fatalf("no Service named *%s rendered", suffix)
+	return nil
+}
+
+func container(t *testing.T, spec *corev1.PodSpec, name string) *corev1.Container {
+	t.Helper()
+	for i := range spec.Containers {
+		if spec.Containers[i].Name == name {
+			return &spec.Containers[i]
+		}
+	}
+	t.Fatalf("pod has no container %q", name)
+	return nil
+}
+
+func TestDecodeIsStrict(t *testing.T) {
+	for name, doc := range map[string]string{
+		"misspelt field": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: x}\nspec:\n  replicass: 2\n",
+		"wrong type":     "apiVersion: v1\nkind: Service\nmetadata: {name: x}\nspec:\n  ports: [{port: seven}]\n",
+		"unknown kind":   "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
+		"misspelt ServiceMonitor field": "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: x}\n" +
+			"spec:\n  selector: {}\n  endpoints: [{port: admin, intervall: 10s}]\n",
+	} {
+		t.Run(name, func(t *testing.T) {
+			if _, err := decodeManifests(doc); err == nil {
+				t.Fatalf("decoded without error:\n%s", doc)
+			}
+		})
+	}
+	ok := "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: x}\n" +
+		"spec:\n  selector: {matchLabels: {a: b}}\n  endpoints: [{port: admin, path: /metrics, interval: 10s}]\n"
+	if _, err := decodeManifests(ok); err != nil {
+		t.Fatalf("a valid ServiceMonitor: %v", err)
+	}
+}

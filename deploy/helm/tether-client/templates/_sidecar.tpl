@@ -1,0 +1,93 @@
+{{/*
+The tether client as a container, for this chart's Deployment and for a
+runtime chart's pod (the sidecar). In a chart that depends on tether-client:
+
+  containers:
+    {{- include "tether-client.container" (dict "Values" (index .Values "tether-client") "Release" .Release) | nindent 4 }}
+  volumes:
+    {{- include "tether-client.volumes" (dict "Values" (index .Values "tether-client") "Release" .Release) | nindent 4 }}
+
+Both render YAML list items. The container runs as the nonroot user with a
+read-only root filesystem, whatever the host pod's securityContext says.
+*/}}
+{{- define "tether-client.container" -}}
+- name: tether-client
+  image: {{ include "tether-client.image" . }}
+  imagePullPolicy: {{ .Values.image.pullPolicy }}
+  args:
+    {{- include "tether-client.args" . | trim | nindent 4 }}
+  {{- if or .Values.proxy.httpsProxy .Values.proxy.noProxy }}
+  env:
+    {{- with .Values.proxy.httpsProxy }}
+    - name: HTTPS_PROXY
+      value: {{ . | quote }}
+    {{- end }}
+    {{- with .Values.proxy.noProxy }}
+    - name: NO_PROXY
+      value: {{ . | quote }}
+    {{- end }}
+  {{- end }}
+  ports:
+    - name: tether-health
+      containerPort: {{ .Values.health.port }}
+      protocol: TCP
+  livenessProbe:
+    httpGet:
+      path: /healthz
+      port: {{ .Values.health.port }}
+    periodSeconds: {{ .Values.probes.liveness.periodSeconds }}
+    failureThreshold: {{ .Values.probes.liveness.failureThreshold }}
+  readinessProbe:
+    httpGet:
+      path: /readyz
+      port: {{ .Values.health.port }}
+    periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
+    failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
+  securityContext:
+    runAsNonRoot: true
+    runAsUser: 65532
+    runAsGroup: 65532
+    allowPrivilegeEscalation: false
+    readOnlyRootFilesystem: true
+    capabilities:
+      drop: ["ALL"]
+    seccompProfile:
+      type: RuntimeDefault
+  {{- with .Values.resources }}
+  resources:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  volumeMounts:
+    - name: tether-token
+      mountPath: {{ include "tether-client.tokenDir" . }}
+      readOnly: true
+    {{- if or .Values.tls.caConfigMap .Values.tls.caSecret }}
+    - name: tether-ca
+      mountPath: {{ include "tether-client.caDir" . }}
+      readOnly: true
+    {{- end }}
+{{- end }}
+
+{{- define "tether-client.volumes" -}}
+- name: tether-token
+  secret:
+    secretName: {{ include "tether-client.tokenSecretName" . }}
+    items:
+      - key: {{ .Values.token.secretKey }}
+        path: {{ .Values.token.secretKey }}
+{{- if .Values.tls.caConfigMap }}
+- name: tether-ca
+  configMap:
+    name: {{ .Values.tls.caConfigMap }}
+    items:
+      - key: {{ .Values.tls.caKey }}
+        path: {{ .Values.tls.caKey }}
+{{- else if .Values.tls.caSecret }}
+- name: tether-ca
+  secret:
+    secretName: {{ .Values.tls.caSecret }}
+    items:
+      - key: {{ .Values.tls.caKey }}
+        path: {{ .Values.tls.caKey }}
+{{- end }}
+{{- end }}
