@@ -335,6 +335,7 @@ func TestServerValuesReachConfig(t *testing.T) {
 		"tls-key":              "/etc/tether/tls/tls.key",
 		"shutdown-timeout":     "40s",
 		"heartbeat-timeout":    "45s",
+		"public-url":           "https://*.tunnels.example.com:8443",
 		"log-level":            "debug",
 		"log-format":           "console",
 		"trusted-proxies":      []any{"10.0.0.0/8", "192.168.0.0/16"},
@@ -426,22 +427,33 @@ func TestAdminTokenGeneratedOnce(t *testing.T) {
 	}
 }
 
-// clientArgs returns the flags of the client container as name -> values.
+// clientArgs returns the client container's settings as flag name ->
+// values. The container runs `tether client` with its settings in TETHER_*
+// variables, so that `tether diagnose` and `tether status` run in the same
+// container (kubectl exec) see them too; each must name a client flag.
 func clientArgs(t *testing.T, c *corev1.Container) map[string][]string {
 	t.Helper()
-	if len(c.Args) == 0 || c.Args[0] != "client" {
-		t.Fatalf("args %q do not start with the client subcommand", c.Args)
+	if len(c.Args) != 1 || c.Args[0] != "client" {
+		t.Fatalf("args %q; want [client], with the settings in TETHER_* variables", c.Args)
 	}
 	flags := map[string][]string{}
-	for _, a := range c.Args[1:] {
-		name, val, ok := strings.Cut(strings.TrimPrefix(a, "--"), "=")
-		if !strings.HasPrefix(a, "--") || !ok {
-			t.Fatalf("arg %q is not --flag=value", a)
+	for _, e := range c.Env {
+		name, ok := strings.CutPrefix(e.Name, "TETHER_")
+		if !ok {
+			continue
 		}
+		if e.ValueFrom != nil {
+			t.Errorf("%s comes from a reference; the settings are plain values", e.Name)
+		}
+		name = strings.ReplaceAll(strings.ToLower(name), "_", "-")
 		if !clientFlags[name] {
-			t.Errorf("--%s is not a flag of `tether client` (see its --help)", name)
+			t.Errorf("%s: --%s is not a flag of `tether client` (see its --help)", e.Name, name)
 		}
-		flags[name] = append(flags[name], val)
+		values := []string{e.Value}
+		if name == "route" { // a list: comma-separated in the environment
+			values = strings.Split(e.Value, ",")
+		}
+		flags[name] = append(flags[name], values...)
 	}
 	return flags
 }
@@ -606,6 +618,24 @@ func TestClientValuesReachArgs(t *testing.T) {
 	for k, v := range np.Spec.PodSelector.MatchLabels {
 		if d.Spec.Template.Labels[k] != v {
 			t.Errorf("NetworkPolicy selects %s=%s; the pods have %q", k, v, d.Spec.Template.Labels[k])
+		}
+	}
+}
+
+// The URL `tether diagnose` tests follows the Ingress when none is given.
+func TestServerPublicURL(t *testing.T) {
+	for _, tc := range []struct {
+		set  []string
+		want any
+	}{
+		{nil, nil}, // the server's own default
+		{[]string{"ingress.enabled=true"}, "https://*.tunnels.example.com"},
+		{[]string{"ingress.enabled=true", "ingress.tls.enabled=false"}, "http://*.tunnels.example.com"},
+		{[]string{"ingress.enabled=true", "publicURL=https://*.t.example.net"}, "https://*.t.example.net"},
+	} {
+		cfg, _ := serverConfig(t, serverChart.mustTemplate(t, nil, tc.set...))
+		if got := cfg["public-url"]; got != tc.want {
+			t.Errorf("%v: public-url = %v, want %v", tc.set, got, tc.want)
 		}
 	}
 }

@@ -78,8 +78,13 @@ subPath, so a rotated Secret reaches the running client). */}}
 {{- end }}
 {{- end }}
 
-{{/* The client's command-line arguments. */}}
-{{- define "tether-client.args" -}}
+{{/*
+The client's settings as FLAG=VALUE lines. The container gets them as
+TETHER_<FLAG> environment variables rather than arguments, so that
+`tether diagnose` and `tether status`, run in the container with kubectl exec,
+see exactly the settings the client runs with and need no arguments.
+*/}}
+{{- define "tether-client.settings" -}}
 {{- if not .Values.server }}
 {{- fail "server is required: set server=HOST:PORT of the tunnel server (tether-client.server in a runtime chart)" }}
 {{- end }}
@@ -93,26 +98,23 @@ subPath, so a rotated Secret reaches the running client). */}}
 {{- if not $routes }}
 {{- fail "no routes: enable at least one of routes.* or list extraRoutes" }}
 {{- end }}
-- client
-- --server={{ .Values.server }}
-- --token-file={{ include "tether-client.tokenDir" . }}/{{ .Values.token.secretKey }}
-- --health-addr=0.0.0.0:{{ .Values.health.port }}
-- --transport={{ .Values.transport }}
-- --log-level={{ .Values.log.level }}
-- --log-format={{ .Values.log.format }}
-{{- range splitList "\n" $routes }}
-- {{ printf "--route=%s" . | quote }}
-{{- end }}
+server={{ .Values.server }}
+token-file={{ include "tether-client.tokenDir" . }}/{{ .Values.token.secretKey }}
+health-addr=0.0.0.0:{{ .Values.health.port }}
+transport={{ .Values.transport }}
+log-level={{ .Values.log.level }}
+log-format={{ .Values.log.format }}
+route={{ splitList "\n" $routes | join "," }}
 {{- with .Values.proxy.url }}
-- --proxy={{ . }}
+proxy={{ . }}
 {{- end }}
 {{- if or .Values.tls.caConfigMap .Values.tls.caSecret }}
-- --tls-ca={{ include "tether-client.caDir" . }}/{{ .Values.tls.caKey }}
+tls-ca={{ include "tether-client.caDir" . }}/{{ .Values.tls.caKey }}
 {{- end }}
 {{- with .Values.tls.fingerprint }}
-- --tls-fingerprint={{ . }}
+tls-fingerprint={{ . }}
 {{- end }}
 {{- with .Values.tls.serverName }}
-- --tls-server-name={{ . }}
+tls-server-name={{ . }}
 {{- end }}
 {{- end }}

@@ -8,16 +8,22 @@ runtime chart's pod (the sidecar). In a chart that depends on tether-client:
     {{- include "tether-client.volumes" (dict "Values" (index .Values "tether-client") "Release" .Release) | nindent 4 }}
 
 Both render YAML list items. The container runs as the nonroot user with a
-read-only root filesystem, whatever the host pod's securityContext says.
+read-only root filesystem, whatever the host pod's securityContext says. Its
+settings are TETHER_* environment variables, so in the running pod
+`kubectl exec POD -c tether-client -- tether diagnose` (or `tether status`)
+needs no arguments.
 */}}
 {{- define "tether-client.container" -}}
 - name: tether-client
   image: {{ include "tether-client.image" . }}
   imagePullPolicy: {{ .Values.image.pullPolicy }}
-  args:
-    {{- include "tether-client.args" . | trim | nindent 4 }}
-  {{- if or .Values.proxy.httpsProxy .Values.proxy.noProxy }}
+  args: ["client"]
   env:
+    {{- range splitList "\n" (include "tether-client.settings" . | trim) }}
+    {{- $kv := regexSplit "=" . 2 }}
+    - name: {{ printf "TETHER_%s" (index $kv 0 | upper | replace "-" "_") }}
+      value: {{ index $kv 1 | quote }}
+    {{- end }}
     {{- with .Values.proxy.httpsProxy }}
     - name: HTTPS_PROXY
       value: {{ . | quote }}
@@ -26,7 +32,6 @@ read-only root filesystem, whatever the host pod's securityContext says.
     - name: NO_PROXY
       value: {{ . | quote }}
     {{- end }}
-  {{- end }}
   ports:
     - name: tether-health
       containerPort: {{ .Values.health.port }}

@@ -106,5 +106,10 @@ drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
 {{- with .Values.jwt.audience }}{{ $_ := set $cfg "jwt-audience" . }}{{ end }}
 {{- with .Values.trustedProxies }}{{ $_ := set $cfg "trusted-proxies" . }}{{ end }}
 {{- with .Values.heartbeatTimeout }}{{ $_ := set $cfg "heartbeat-timeout" . }}{{ end }}
+{{- if .Values.publicURL }}
+{{- $_ := set $cfg "public-url" .Values.publicURL }}
+{{- else if .Values.ingress.enabled }}
+{{- $_ := set $cfg "public-url" (printf "%s://*.%s" (ternary "https" "http" .Values.ingress.tls.enabled) .Values.domain) }}
+{{- end }}
 {{- toYaml (merge $cfg .Values.extraConfig) }}
 {{- end }}
