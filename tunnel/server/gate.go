@@ -135,8 +135,8 @@ func (s *Server) admitStream(sess *Session, stream net.Conn) {
 	op, err := readOpening(stream)
 	_ = stream.SetReadDeadline(time.Time{})
 	if err != nil {
-		_ = stream.Close()
 		s.refuse(sess, "malformed", "unreadable first message on a stream", zap.Error(err))
+		_ = stream.Close()
 		return
 	}
 	switch m := op.Msg.(type) {
@@ -154,8 +154,8 @@ func (s *Server) admitStream(sess *Session, stream net.Conn) {
 			routes = &r
 		}
 		if !sess.startLogin(version, routes) {
-			_ = stream.Close()
 			s.refuse(sess, "second_login", "second login on one connection")
+			_ = stream.Close()
 			return
 		}
 		if m.Metas == nil {
@@ -172,17 +172,19 @@ func (s *Server) admitStream(sess *Session, stream net.Conn) {
 		}})
 	case *msg.NewWorkConn:
 		if err := s.tenancy.admitsWork(sess, m.RunID); err != nil {
-			_ = stream.Close()
 			s.refuse(sess, "foreign_work_conn", "work connection refused", zap.Error(err))
+			_ = stream.Close()
 			return
 		}
 		s.toFRP(op, stream)
 	default:
-		_ = stream.Close()
 		s.refuse(sess, "message_type", "stream refused", zap.String("message", fmt.Sprintf("%T", m)))
+		_ = stream.Close()
 	}
 }
 
+// refuse counts and logs a refused stream. Callers close the stream after
+// it, so that whoever sees the stream end also sees it counted.
 func (s *Server) refuse(sess *Session, reason, logMsg string, fields ...zap.Field) {
 	s.metrics.refusedStreams.WithLabelValues(reason).Inc()
 	fields = append(fields, zap.String("client_address", sess.remoteAddr), zap.String("reason", reason))
