@@ -130,7 +130,7 @@ func runDemo(ctx context.Context, out io.Writer, log *zap.Logger, opts *DemoOpti
 		if err := waitReady(gctx, healthURL+"/readyz", 20*time.Second); err != nil {
 			return fmt.Errorf("the demo tunnel did not become ready: %w (run with --log-level info to see why)", err)
 		}
-		printGuide(out, opts.Tunnel, ls, healthURL, clientConfig)
+		printGuide(out, opts.Tunnel, ls, healthURL, clientConfig, os.Args[0])
 		return nil
 	})
 	if err := g.Wait(); err != nil && !errors.Is(err, context.Canceled) {
@@ -248,7 +248,9 @@ func writeDemoClientConfig(dir, server, tokenFile, fingerprint string, routes []
 	return path, os.WriteFile(path, b, 0o600)
 }
 
-func printGuide(out io.Writer, tunnel string, ls server.Listeners, healthURL, clientConfig string) {
+// printGuide prints what to try; self is how this binary was invoked (e.g.
+// bin/tether under make run), so the tether lines can be pasted as they are.
+func printGuide(out io.Writer, tunnel string, ls server.Listeners, healthURL, clientConfig, self string) {
 	entry := "http://" + ls.HTTP.Addr().String()
 	admin := "http://" + ls.Admin.Addr().String()
 	host := tunnel + "." + demoDomain
@@ -272,9 +274,9 @@ Through the tunnel, to the stand-ins:
 What tether knows:
   curl %[5]s/api/tunnels
   curl %[6]s/status
-  tether status --admin %[5]s                                              # the server's tunnels, as a table
-  tether status --health-addr %[9]s                                               # the client's connection
+  %[11]s status --admin %[5]s                                              # the server's tunnels, as a table
+  %[11]s status --health-addr %[9]s                                               # the client's connection
   curl -H 'Host: nobody.%[8]s' %[1]s/                                  # 503: tunnel not connected
-  tether diagnose --config %[10]s   # the client's path, step by step
-`, entry, tunnel, host, ls.Tunnel.Addr(), admin, healthURL, port, demoDomain, strings.TrimPrefix(healthURL, "http://"), clientConfig)
+  %[11]s diagnose --config %[10]s   # the client's path, step by step
+`, entry, tunnel, host, ls.Tunnel.Addr(), admin, healthURL, port, demoDomain, strings.TrimPrefix(healthURL, "http://"), clientConfig, self)
 }
