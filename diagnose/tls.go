@@ -3,7 +3,6 @@ package diagnose
 import (
 	"bufio"
 	"context"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -11,6 +10,9 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/tether-dev/tether/internal/human"
+	"github.com/tether-dev/tether/tunnel"
 )
 
 // certWarnBefore is how close to its expiry a certificate draws a warning.
@@ -40,17 +42,17 @@ func (r *run) checkTLS(ctx context.Context) Check {
 	r.tlsConn = conn
 	cs := conn.ConnectionState()
 	leaf := cs.PeerCertificates[0]
-	fp := sha256.Sum256(leaf.Raw)
+	fp := tunnel.Fingerprint(leaf.Raw)
 	lines := []string{
 		fmt.Sprintf("%s, %s", tls.VersionName(cs.Version), tls.CipherSuiteName(cs.CipherSuite)),
 		fmt.Sprintf("certificate: %s, names %s, expires %s (%s)", leaf.Subject, certNames(leaf),
 			leaf.NotAfter.UTC().Format(time.RFC3339), until(leaf.NotAfter, r.o.Now())),
-		"SHA-256 fingerprint: " + fingerprint(fp[:]),
+		"SHA-256 fingerprint: " + fp,
 	}
 	for _, c := range cs.PeerCertificates {
 		lines = append(lines, fmt.Sprintf("chain: %s, issued by %s", c.Subject, c.Issuer))
 	}
-	c := r.verifyServerCert(want, cs, fp[:])
+	c := r.verifyServerCert(want, cs, fp)
 	r.trusted = c.Status != Fail
 	if c.Status == Pass {
 		if left := leaf.NotAfter.Sub(r.o.Now()); left < certWarnBefore {
@@ -64,13 +66,14 @@ func (r *run) checkTLS(ctx context.Context) Check {
 
 // verifyServerCert applies the client's trust settings to what the server
 // sent. The Detail it returns is a one-line verdict.
-func (r *run) verifyServerCert(want *tls.Config, cs tls.ConnectionState, fp []byte) Check {
+func (r *run) verifyServerCert(want *tls.Config, cs tls.ConnectionState, fp string) Check {
 	leaf := cs.PeerCertificates[0]
 	switch {
 	case r.cfg.TLSInsecureSkipVerify:
 		return warn("not verified: --tls-insecure-skip-verify", "anyone in the middle can read the tunnel: use --tls-ca or --tls-fingerprint")
 	case r.cfg.TLSFingerprint != "":
-		if normalizeFingerprint(r.cfg.TLSFingerprint) != normalizeFingerprint(fingerprint(fp)) {
+		// The client's own pin check, which its TLS config carries.
+		if err := want.VerifyConnection(cs); err != nil {
 			return fail("the certificate does not match --tls-fingerprint",
 				"the server's certificate changed (a self-signed one is new at every server start) or something intercepts TLS: compare the fingerprint above with the one the server logs at start, and update --tls-fingerprint")
 		}
@@ -98,7 +101,7 @@ func (r *run) verifyServerCert(want *tls.Config, cs tls.ConnectionState, fp []by
 		top := cs.PeerCertificates[len(cs.PeerCertificates)-1]
 		if leaf.Subject.CommonName == "tether self-signed" {
 			return fail("the server uses the self-signed certificate tether makes without --tls-cert; this client does not trust it",
-				fmt.Sprintf("pin it with --tls-fingerprint %s after checking it against the fingerprint the server logs at start, or give the server a certificate from a CA", fingerprint(fp)))
+				fmt.Sprintf("pin it with --tls-fingerprint %s after checking it against the fingerprint the server logs at start, or give the server a certificate from a CA", fp))
 		}
 		return fail(fmt.Sprintf("the certificate was issued by %q, which this client does not trust", top.Issuer.String()),
 			fmt.Sprintf("if %q is your organisation's TLS-inspecting proxy, trust its CA with --tls-ca FILE or have %s exempted from inspection; if the server uses a private CA, pass that CA with --tls-ca", top.Issuer.CommonName, r.host))
@@ -120,37 +123,13 @@ func certNames(c *x509.Certificate) string {
 	return strings.Join(names, ", ")
 }
 
-func fingerprint(b []byte) string {
-	parts := make([]string, len(b))
-	for i, x := range b {
-		parts[i] = fmt.Sprintf("%02X", x)
-	}
-	return strings.Join(parts, ":")
-}
-
-func normalizeFingerprint(s string) string {
-	return strings.ToUpper(strings.ReplaceAll(s, ":", ""))
-}
-
 // until says how far t is from now: "in 89d", "3h ago".
 func until(t, now time.Time) string {
 	d := t.Sub(now)
 	if d < 0 {
-		return age(-d) + " ago"
+		return human.Age(-d) + " ago"
 	}
-	return "in " + age(d)
-}
-
-func age(d time.Duration) string {
-	switch {
-	case d >= 48*time.Hour:
-		return fmt.Sprintf("%dd", int(d.Hours()/24))
-	case d >= time.Hour:
-		return fmt.Sprintf("%dh%02dm", int(d.Hours()), int(d.Minutes())%60)
-	case d >= time.Minute:
-		return fmt.Sprintf("%dm%02ds", int(d.Minutes()), int(d.Seconds())%60)
-	}
-	return d.Round(time.Second).String()
+	return "in " + human.Age(d)
 }
 
 // Clock skew thresholds: tokens are checked with a 30s leeway.

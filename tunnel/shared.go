@@ -1,6 +1,11 @@
 package tunnel
 
-import "time"
+import (
+	"crypto/sha256"
+	"fmt"
+	"strings"
+	"time"
+)
 
 // ClientMetaKey is the frp login metadata key under which tether's client
 // sends its version, shown in the server's /api/tunnels.
@@ -31,4 +36,16 @@ type ProbeReply struct {
 	Connected      bool       `json:"connected"`
 	ClientAddress  string     `json:"client_address,omitempty"`
 	ConnectedSince *time.Time `json:"connected_since,omitempty"`
+}
+
+// Fingerprint formats the SHA-256 of a DER certificate as colon-separated
+// hex: what the server logs for its self-signed certificate and what
+// `tether client --tls-fingerprint` pins.
+func Fingerprint(der []byte) string {
+	sum := sha256.Sum256(der)
+	parts := make([]string, len(sum))
+	for i, b := range sum {
+		parts[i] = fmt.Sprintf("%02X", b)
+	}
+	return strings.Join(parts, ":")
 }

@@ -4,7 +4,6 @@ import (
 	"crypto/ecdsa"
 	"crypto/elliptic"
 	"crypto/rand"
-	"crypto/sha256"
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
@@ -15,6 +14,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/tether-dev/tether/tunnel"
 )
 
 // certificates serves the tunnel listener's certificate: the files given
@@ -94,17 +95,7 @@ func (c *certificates) reloadLocked() error {
 func (c *certificates) Fingerprint() string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return Fingerprint(c.cert.Certificate[0])
-}
-
-// Fingerprint formats the SHA-256 of a DER certificate as colon-separated hex.
-func Fingerprint(der []byte) string {
-	sum := sha256.Sum256(der)
-	parts := make([]string, len(sum))
-	for i, b := range sum {
-		parts[i] = fmt.Sprintf("%02X", b)
-	}
-	return strings.Join(parts, ":")
+	return tunnel.Fingerprint(c.cert.Certificate[0])
 }
 
 func fileStamp(paths ...string) (string, error) {
