@@ -272,11 +272,28 @@ Through the tunnel, to the stand-ins:
   open http://%[3]s:%[7]s/ in a browser (*.localhost resolves to this machine)
 
 What tether knows:
-  curl %[5]s/api/tunnels
-  curl %[6]s/status
-  %[11]s status --admin %[5]s                                              # the server's tunnels, as a table
-  %[11]s status --health-addr %[9]s                                               # the client's connection
-  curl -H 'Host: nobody.%[8]s' %[1]s/                                  # 503: tunnel not connected
-  %[11]s diagnose --config %[10]s   # the client's path, step by step
-`, entry, tunnel, host, ls.Tunnel.Addr(), admin, healthURL, port, demoDomain, strings.TrimPrefix(healthURL, "http://"), clientConfig, self)
+`, entry, tunnel, host, ls.Tunnel.Addr(), admin, healthURL, port)
+	printAligned(out, [][2]string{
+		{"curl " + admin + "/api/tunnels", ""},
+		{"curl " + healthURL + "/status", ""},
+		{self + " status --admin " + admin, "the server's tunnels, as a table"},
+		{self + " status --health-addr " + strings.TrimPrefix(healthURL, "http://"), "the client's connection"},
+		{"curl -H 'Host: nobody." + demoDomain + "' " + entry + "/", "503: tunnel not connected"},
+		{self + " diagnose --config " + clientConfig, "the client's path, step by step"},
+	})
+}
+
+// printAligned prints indented commands with their comments in one column.
+func printAligned(out io.Writer, lines [][2]string) {
+	width := 0
+	for _, l := range lines {
+		width = max(width, len(l[0]))
+	}
+	for _, l := range lines {
+		if l[1] == "" {
+			fmt.Fprintf(out, "  %s\n", l[0])
+			continue
+		}
+		fmt.Fprintf(out, "  %-*s   # %s\n", width, l[0], l[1])
+	}
 }
