@@ -1,40 +1,16 @@
 package diagnose
 
 import (
-	"archive/tar"
 	"bytes"
-	"compress/gzip"
-	"errors"
-	"io"
 	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"testing"
-)
 
-// readBundle returns the files of a bundle by name.
-func readBundle(t *testing.T, b []byte) map[string]string {
-	t.Helper()
-	gz, err := gzip.NewReader(bytes.NewReader(b))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(gz)
-	files := map[string]string{}
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return files
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		data, _ := io.ReadAll(tr)
-		files[strings.TrimPrefix(hdr.Name, "tether-diagnose/")] = string(data)
-	}
-}
+	"github.com/tether-dev/tether/internal/testutil"
+)
 
 func TestBundle(t *testing.T) {
 	const secret = "eyJhbGciOiJFZERTQSJ9.secret-token.sig"
@@ -64,7 +40,7 @@ func TestBundle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	files := readBundle(t, buf.Bytes())
+	files := testutil.UntarGz(t, bytes.NewReader(buf.Bytes()))
 	for name, want := range map[string]string{
 		"report.json": `"hint": "start the server"`,
 		"report.txt":  "FAIL tcp",
@@ -89,10 +65,10 @@ func TestBundle(t *testing.T) {
 
 	// Without a reachable client, the bundle says what is missing and why.
 	buf.Reset()
-	if err := WriteBundle(t.Context(), &buf, report, BundleOptions{HealthAddr: closedAddr(t)}); err != nil {
+	if err := WriteBundle(t.Context(), &buf, report, BundleOptions{HealthAddr: testutil.ClosedAddr(t)}); err != nil {
 		t.Fatal(err)
 	}
-	files = readBundle(t, buf.Bytes())
+	files = testutil.UntarGz(t, bytes.NewReader(buf.Bytes()))
 	if _, ok := files["status.json"]; ok || !strings.Contains(files["missing.txt"], "status.json") {
 		t.Errorf("bundle without a client: files %v, missing.txt %q", slices.Collect(maps.Keys(files)), files["missing.txt"])
 	}

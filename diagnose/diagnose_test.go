@@ -16,12 +16,11 @@ import (
 	"testing"
 	"time"
 
-	"go.uber.org/zap"
-	"go.uber.org/zap/zaptest"
-
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/tunnel/client"
 	"github.com/tether-dev/tether/tunnel/server"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
 )
 
 // startClient runs a real client with a health listener and waits until
@@ -155,7 +154,7 @@ func port(addr string) string {
 // these tests are IP literals or *.localhost-style hosts dialled directly.
 func loopbackResolver(t *testing.T) *net.Resolver {
 	t.Helper()
-	closed := closedAddr(t)
+	closed := testutil.ClosedAddr(t)
 	return &net.Resolver{PreferGo: true, Dial: func(ctx context.Context, network, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, network, closed)
@@ -176,7 +175,7 @@ func TestFailureModes(t *testing.T) {
 	}{
 		{
 			name:   "nothing listening",
-			mutate: func(t *testing.T, o *Options) { o.Client.Server = closedAddr(t) },
+			mutate: func(t *testing.T, o *Options) { o.Client.Server = testutil.ClosedAddr(t) },
 			check:  "tcp", detail: "connection refused", hint: "nothing listens on port",
 		},
 		{
@@ -217,7 +216,7 @@ func TestFailureModes(t *testing.T) {
 		},
 		{
 			name:   "an upstream that refuses",
-			mutate: func(t *testing.T, o *Options) { o.Client.Routes = routes(t, "/argo-cd=http://"+closedAddr(t)) },
+			mutate: func(t *testing.T, o *Options) { o.Client.Routes = routes(t, "/argo-cd=http://"+testutil.ClosedAddr(t)) },
 			check:  "upstream /argo-cd", detail: "connection refused", hint: "nothing listens on",
 		},
 		{
@@ -237,7 +236,7 @@ func TestFailureModes(t *testing.T) {
 		},
 		{
 			name:   "a proxy that does not answer",
-			mutate: func(t *testing.T, o *Options) { o.Client.Proxy = "http://" + closedAddr(t) },
+			mutate: func(t *testing.T, o *Options) { o.Client.Proxy = "http://" + testutil.ClosedAddr(t) },
 			check:  "proxy", detail: "does not answer", hint: "NO_PROXY",
 		},
 		{

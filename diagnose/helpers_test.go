@@ -118,15 +118,6 @@ func listen(t *testing.T) net.Listener {
 	return ln
 }
 
-// closedAddr is a loopback address where nothing listens.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln := listen(t)
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
-
 // backend is an upstream that answers 200 to everything.
 func backend(t *testing.T) string {
 	t.Helper()

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/tunnel/client"
 )
 
@@ -154,7 +155,7 @@ func TestHealthErrors(t *testing.T) {
 		_, _ = w.Write([]byte(`{"status": "ok"}`))
 	}))
 	t.Cleanup(other.Close)
-	adminAddr, otherAddr, closed := admin.Listener.Addr().String(), other.Listener.Addr().String(), closedAddr(t)
+	adminAddr, otherAddr, closed := admin.Listener.Addr().String(), other.Listener.Addr().String(), testutil.ClosedAddr(t)
 
 	for name, tc := range map[string]struct {
 		addr string

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -15,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/tunnel/server"
 )
 
@@ -309,7 +309,7 @@ func TestNotAnAdminAPI(t *testing.T) {
 }
 
 func TestAdminRefused(t *testing.T) {
-	url := "http://" + closedAddr(t)
+	url := "http://" + testutil.ClosedAddr(t)
 	_, err := showTunnels(t, url, "", Table)
 	if want := "no tether server admin API at " + url + ": check --admin (the server's --admin-addr)"; err == nil || err.Error() != want {
 		t.Errorf("error %v, want %q", err, want)
@@ -330,18 +330,6 @@ func TestAdminTimeout(t *testing.T) {
 	if err == nil || !contains(err.Error(), "no answer", srv.URL, "50ms", "--timeout", "--admin") {
 		t.Errorf("error %v; want one saying no answer came within the timeout", err)
 	}
-}
-
-// closedAddr is a loopback address nothing listens on.
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
 }
 
 func contains(s string, subs ...string) bool {

@@ -1,16 +1,14 @@
 package test
 
 import (
-	"archive/tar"
-	"compress/gzip"
-	"errors"
-	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // TestDiagnoseInTheClientsEnvironment: in a client's container, where the
@@ -49,7 +47,12 @@ func TestDiagnoseInTheClientsEnvironment(t *testing.T) {
 		}
 	}
 
-	files := untar(t, bundle)
+	f, err := os.Open(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	files := testutil.UntarGz(t, f)
 	for _, name := range []string{"report.json", "report.txt", "version.txt", "config.txt", "status.json", "metrics.txt", "logs.txt"} {
 		if files[name] == "" {
 			t.Errorf("bundle has no %s (files: %v)", name, keysOf(files))
@@ -81,32 +84,6 @@ func TestDiagnoseInTheClientsEnvironment(t *testing.T) {
 		t.Errorf("tunnel after diagnose: %+v, %v", r, err)
 	}
 	assertNoSecret(t, "the tunnel token", token, srv.proc, cl.proc)
-}
-
-func untar(t *testing.T, path string) map[string]string {
-	t.Helper()
-	f, err := os.Open(path)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	gz, err := gzip.NewReader(f)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := tar.NewReader(gz)
-	files := map[string]string{}
-	for {
-		hdr, err := tr.Next()
-		if errors.Is(err, io.EOF) {
-			return files
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(tr)
-		files[filepath.Base(hdr.Name)] = string(b)
-	}
 }
 
 func keysOf(m map[string]string) []string {

@@ -2,10 +2,11 @@ package main
 
 import (
 	"encoding/json"
-	"net"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // contractReport is the JSON object DESIGN.md promises, decoded strictly.
@@ -19,21 +20,10 @@ type contractReport struct {
 	} `json:"checks"`
 }
 
-func closedAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
-	return addr
-}
-
 func TestDiagnoseJSONContract(t *testing.T) {
 	token := writeFile(t, "token", "not-a-jwt")
 	code, stdout, stderr := runTether(t, nil, runners{}, "diagnose", "--output", "json", "--timeout", "2s",
-		"--server", closedAddr(t), "--token-file", token, "--route", "/="+"http://"+closedAddr(t), "--proxy", "direct")
+		"--server", testutil.ClosedAddr(t), "--token-file", token, "--route", "/="+"http://"+testutil.ClosedAddr(t), "--proxy", "direct")
 	if code != exitFail {
 		t.Errorf("exit %d, want %d (a check failed); stderr: %s", code, exitFail, stderr)
 	}
