@@ -34,12 +34,12 @@ func (r *run) checkProxy(ctx context.Context) Check {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return fail(fmt.Sprintf("egress proxy %s (from %s) does not answer at %s: %v", u.Redacted(), why, addr, err),
+		return fail(fmt.Sprintf("egress proxy %s (from %s) does not answer at %s: %v", client.RedactProxy(u.String()), why, addr, err),
 			fmt.Sprintf("check the proxy address in %s; if the server is reachable without it, exempt %s with NO_PROXY or pass --proxy direct", why, r.host))
 	}
 	_ = conn.Close()
 	return pass(fmt.Sprintf("egress proxy %s (from %s) accepts connections at %s (%s); it resolves and connects to %s",
-		u.Redacted(), why, addr, ms(time.Since(start)), r.cfg.Server))
+		client.RedactProxy(u.String()), why, addr, ms(time.Since(start)), r.cfg.Server))
 }
 
 // checkDNS resolves the server's name, as the client would (the proxy
