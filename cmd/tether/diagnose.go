@@ -49,9 +49,14 @@ what to do about it:
   end-to-end  requests through the public URL, the tunnel and back (--url, or
               the URL the server tells the login probe)
 
+A check fails only for what stops or breaks this tunnel. What diagnose cannot
+see from where it runs is a warning (the public URL from a laptop or a cluster
+without the platform's DNS), and the public path is skipped while no client
+serves the tunnel, so it also works as a pre-flight check.
+
 It takes the same flags, config file and environment as 'tether client', so in
 the client's container it needs no arguments. Exit status 0 when no check
-failed, 1 when one did.`,
+failed (warn and skip do not), 1 when one did.`,
 		Example: `  kubectl exec deploy/my-runtime -c tether -- tether diagnose
   tether diagnose --server tunnels.example.com:443 --token-file token.jwt --url https://acme.tunnels.example.com/
   tether diagnose --output json | jq '.checks[] | select(.status != "pass")'
