@@ -156,7 +156,8 @@ func (r Route) String() string {
 // with the scheme's default port (80 for http, 443 for https) when the URL
 // names none. It is the one answer to "where does this route connect": the
 // router's transports dial it, and a tether client accepts a dial request
-// only for the DialAddr of one of its own routes.
+// only for the DialAddr of one of its own routes. r.Upstream must be set,
+// as ParseRoute and NewRouter ensure.
 func (r Route) DialAddr() string {
 	port := r.Upstream.Port()
 	if port == "" {

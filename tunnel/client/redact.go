@@ -78,7 +78,12 @@ func ProxySecrets(cfg Config) []string {
 	}
 	// Longest first, so that a password inside a user info does not break
 	// the user info's replacement.
-	slices.SortFunc(out, func(a, b string) int { return len(b) - len(a) })
+	slices.SortFunc(out, func(a, b string) int {
+		if len(a) != len(b) {
+			return len(b) - len(a)
+		}
+		return strings.Compare(a, b) // duplicates side by side, for Compact
+	})
 	return slices.Compact(out)
 }
 

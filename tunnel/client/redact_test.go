@@ -66,6 +66,10 @@ func TestProxySecrets(t *testing.T) {
 			t.Errorf("ProxySecrets = %q, want the longest first", got)
 		}
 	}
+	same := func(string) string { return "http://bob:hunter2@socks.corp:1080" }
+	if got := ProxySecrets(Config{Proxy: "http://bob:hunter2@other:1", Getenv: same}); !slices.Equal(got, []string{"bob:hunter2", "hunter2"}) {
+		t.Errorf("ProxySecrets of one password in every variable = %q, want each secret once", got)
+	}
 	if got := ProxySecrets(Config{Proxy: "http://proxy.corp:3128", Getenv: func(string) string { return "" }}); len(got) != 0 {
 		t.Errorf("ProxySecrets without credentials = %q, want none", got)
 	}
