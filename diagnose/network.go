@@ -147,6 +147,8 @@ func (r *run) checkTCP(ctx context.Context) Check {
 func (r *run) tcpHint(err error) string {
 	msg := err.Error()
 	switch {
+	case strings.Contains(msg, "refused the user and password"):
+		return "the egress proxy rejects the user and password in HTTPS_PROXY/--proxy: check them, with @, : and / in them percent-encoded"
 	case strings.Contains(msg, "refused CONNECT"):
 		return fmt.Sprintf("the egress proxy does not allow %s: ask its administrators to allow CONNECT to port %s, or exempt the server with NO_PROXY if it is reachable directly", r.cfg.Server, r.port)
 	case strings.Contains(msg, "egress proxy") && !strings.Contains(msg, "CONNECT"):

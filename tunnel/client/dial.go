@@ -249,6 +249,9 @@ func httpConnect(ctx context.Context, conn net.Conn, proxyURL *url.URL, target s
 	case http.StatusOK:
 		return nil
 	case http.StatusProxyAuthRequired:
+		if proxyURL.User != nil {
+			return fmt.Errorf("egress proxy %s refused the user and password of the proxy URL (407): check them, with @, : and / in them percent-encoded", redactURL(proxyURL))
+		}
 		return fmt.Errorf("egress proxy %s requires authentication (407): put user:password@ in the proxy URL", redactURL(proxyURL))
 	default:
 		return fmt.Errorf("egress proxy %s refused CONNECT to %s: %s", redactURL(proxyURL), target, resp.Status)

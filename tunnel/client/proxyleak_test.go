@@ -94,9 +94,9 @@ func TestProxyPasswordNeverShown(t *testing.T) {
 			shown: "dial egress proxy http://[redacted]@" + closed,
 		},
 		{
-			name:  "--proxy that wants another login",
+			name:  "--proxy that refuses the login",
 			flag:  "http://alice:" + password + "@" + authProxy(t),
-			shown: "requires authentication (407)",
+			shown: "egress proxy http://[redacted]@127.0.0.1:",
 		},
 	}
 	for _, tc := range tests {
