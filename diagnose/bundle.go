@@ -23,8 +23,9 @@ type BundleOptions struct {
 	// HealthAddr is the client's --health-addr; when it answers, its
 	// /status, /metrics and /debug/logs go into the bundle.
 	HealthAddr string
-	// Secrets are removed from every file, wherever they appear (the token,
-	// say), as a last line of defence.
+	// Secrets are removed from every file, wherever they appear, as a last
+	// line of defence: the token, and the egress proxy's credentials
+	// (client.ProxySecrets).
 	Secrets []string
 	// Timeout bounds each request to the health address. Default 5s.
 	Timeout time.Duration

@@ -7,16 +7,22 @@
 //	if !report.OK { os.Exit(1) }
 //
 // Each check ends as pass, warn, fail or skip (a check that could not run
-// because an earlier one failed, or that does not apply). Every warn and
-// fail carries a hint a person can act on. Nothing here changes the
-// tunnel: the login step is a probe that the server answers without
-// registering anything, so a running client keeps serving.
+// because an earlier one failed, or that does not apply yet). Every warn and
+// fail carries a hint a person can act on. A check fails only for what stops
+// or breaks this client's tunnel; what diagnose cannot see from where it runs
+// (the public URL from a laptop, say) is a warning, and a run before the
+// client serves (a pre-flight check) skips the public path. Report.OK, and
+// so the exit status of `tether diagnose`, is false only when a check
+// failed. Nothing here changes the tunnel: the login step is a probe that
+// the server answers without registering anything, so a running client
+// keeps serving.
 package diagnose
 
 import (
 	"context"
 	"crypto/tls"
 	"net"
+	"net/http"
 	"net/url"
 	"time"
 
@@ -40,7 +46,8 @@ type Check struct {
 	Name   string `json:"name"`
 	Status Status `json:"status"`
 	Detail string `json:"detail"`
-	// Hint says what to do; set for every warn and fail.
+	// Hint says what to do; set for every warn and fail, and for a skip
+	// that a later run can lift.
 	Hint string `json:"hint"`
 }
 
@@ -84,6 +91,9 @@ type Options struct {
 	Now func() time.Time
 	// Resolver looks up the server's name (net.DefaultResolver when nil).
 	Resolver *net.Resolver
+	// EndToEndProxy picks the egress proxy of the end-to-end requests, as
+	// http.Transport.Proxy does (http.ProxyFromEnvironment when nil).
+	EndToEndProxy func(*http.Request) (*url.URL, error)
 	// Progress, when set, hears of each check as it runs.
 	Progress Progress
 }
@@ -100,6 +110,9 @@ func (o *Options) setDefaults() {
 	}
 	if o.Resolver == nil {
 		o.Resolver = net.DefaultResolver
+	}
+	if o.EndToEndProxy == nil {
+		o.EndToEndProxy = http.ProxyFromEnvironment
 	}
 }
 

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -252,11 +253,6 @@ func TestFailureModes(t *testing.T) {
 			},
 			check: "config", detail: "transport from env TETHER_TRANSPORT", hint: "fix the settings",
 		},
-		{
-			name:   "a tunnel that is down",
-			mutate: func(t *testing.T, o *Options) { o.URL = "http://acme." + testDomain + ":" + port(srv.entry) + "/" },
-			check:  "end-to-end", detail: "tunnel_down", hint: "no client serves this tunnel",
-		},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -274,6 +270,144 @@ func TestFailureModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The end-to-end check fails only for what breaks the tunnel: a tether error
+// or an answer that is not HTTP. A public URL that diagnose cannot reach from
+// where it runs is a warning, and before a client serves the tunnel (a
+// pre-flight check) there is nothing to test: either way the report is OK.
+func TestEndToEnd(t *testing.T) {
+	srv := startServer(t)
+	upstream := backendFunc(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/broken" {
+			http.Error(w, "the app is broken", http.StatusInternalServerError)
+			return
+		}
+		_, _ = w.Write([]byte("ok"))
+	})
+	cfg := srv.clientConfig(srv.keys.tokenFile(t, "acme", time.Now(), 2*time.Hour), upstream, t)
+	startClient(t, cfg)
+	entry := port(srv.entry)
+	public := "http://acme." + testDomain + ":" + entry
+
+	tests := []struct {
+		name   string
+		mutate func(t *testing.T, o *Options)
+		status Status
+		detail string
+		hint   string
+	}{
+		{
+			name:   "the server's public URL",
+			mutate: func(*testing.T, *Options) {},
+			status: Pass, detail: "3 requests to " + public + " → 200 OK",
+		},
+		{
+			name: "before the client serves: a pre-flight check",
+			mutate: func(t *testing.T, o *Options) {
+				o.Client.TokenFile = srv.keys.tokenFile(t, "beta", time.Now(), 2*time.Hour)
+				o.URL = "http://beta." + testDomain + ":" + entry + "/"
+			},
+			status: Skip, detail: "no client serves this tunnel yet", hint: "run tether diagnose again once `tether client` serves the tunnel",
+		},
+		{
+			name:   "a public name that does not resolve here",
+			mutate: func(_ *testing.T, o *Options) { o.URL = "http://acme.tunnels.invalid:" + entry + "/" },
+			status: Warn, detail: "no such host", hint: "Here acme.tunnels.invalid does not resolve",
+		},
+		{
+			name: "a public URL where nothing listens here",
+			mutate: func(t *testing.T, o *Options) {
+				o.URL = "http://acme." + testDomain + ":" + port(testutil.ClosedAddr(t)) + "/"
+			},
+			status: Warn, detail: "connection refused", hint: "cannot be reached from where diagnose runs",
+		},
+		{
+			name: "an egress proxy that does not answer",
+			mutate: func(t *testing.T, o *Options) {
+				proxyURL, _ := url.Parse("http://alice:s3cret-Pw@" + testutil.ClosedAddr(t))
+				o.EndToEndProxy = http.ProxyURL(proxyURL)
+			},
+			status: Warn, detail: "through the egress proxy http://[redacted]@127.0.0.1:", hint: "the egress proxy (HTTPS_PROXY/HTTP_PROXY) failed",
+		},
+		{
+			name: "no HTTP answer in time",
+			mutate: func(t *testing.T, o *Options) {
+				o.URL = "http://acme." + testDomain + ":" + port(silentListener(t)) + "/"
+				o.Timeout = 500 * time.Millisecond
+			},
+			status: Warn, detail: "deadline exceeded", hint: "no HTTP answer came within --timeout",
+		},
+		{
+			name:   "a tether error",
+			mutate: func(_ *testing.T, o *Options) { o.URL = "http://nobody." + testDomain + ":" + entry + "/" },
+			status: Fail, detail: "X-Tether-Error: tunnel_down", hint: "no client serves this tunnel",
+		},
+		{
+			name:   "a host the server does not serve",
+			mutate: func(_ *testing.T, o *Options) { o.URL = "http://127.0.0.1:" + entry + "/" },
+			status: Fail, detail: "X-Tether-Error: unknown_host", hint: "the URL's host must be <tunnel>.<domain>",
+		},
+		{
+			name:   "an answer that is not HTTPS",
+			mutate: func(_ *testing.T, o *Options) { o.URL = "https://acme." + testDomain + ":" + entry + "/" },
+			status: Fail, detail: "server gave HTTP response to HTTPS client", hint: "does not speak its scheme",
+		},
+		{
+			name:   "the app behind the route fails",
+			mutate: func(_ *testing.T, o *Options) { o.URL = public + "/broken" },
+			status: Warn, detail: "500 Internal Server Error", hint: "the app behind the route",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			o := Options{Client: cfg, Resolver: loopbackResolver(t)}
+			tc.mutate(t, &o)
+			report := diagnoseWith(t, o)
+			wantCheck(t, report, "end-to-end", tc.status, tc.detail, tc.hint)
+			if want := tc.status != Fail; report.OK != want {
+				t.Errorf("report OK = %v, want %v", report.OK, want)
+			}
+			for _, c := range report.Checks {
+				if c.Name != "end-to-end" && c.Name != "login" && c.Status != Pass {
+					t.Errorf("check %s = %s, want pass: %s", c.Name, c.Status, c.Detail)
+				}
+			}
+			if strings.Contains(fmt.Sprint(report), "s3cret-Pw") {
+				t.Errorf("the report shows the proxy password: %+v", report)
+			}
+		})
+	}
+}
+
+// silentListener accepts connections and never answers.
+func silentListener(t *testing.T) string {
+	t.Helper()
+	ln := listen(t)
+	var conns []net.Conn
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+		}
+	})
+	t.Cleanup(func() {
+		_ = ln.Close()
+		wg.Wait()
+		mu.Lock()
+		defer mu.Unlock()
+		for _, c := range conns {
+			_ = c.Close()
+		}
+	})
+	return ln.Addr().String()
 }
 
 // refusingProxy is an HTTP proxy that refuses every CONNECT.

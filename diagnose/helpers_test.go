@@ -121,10 +121,14 @@ func listen(t *testing.T) net.Listener {
 // backend is an upstream that answers 200 to everything.
 func backend(t *testing.T) string {
 	t.Helper()
+	return backendFunc(t, func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ok")) })
+}
+
+// backendFunc is an upstream that answers with h.
+func backendFunc(t *testing.T, h http.HandlerFunc) string {
+	t.Helper()
 	ln := listen(t)
-	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		_, _ = w.Write([]byte("ok"))
-	}), ReadHeaderTimeout: time.Second}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: time.Second}
 	go func() { _ = srv.Serve(ln) }()
 	t.Cleanup(func() { _ = srv.Close() })
 	return "http://" + ln.Addr().String()

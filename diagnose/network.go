@@ -34,12 +34,12 @@ func (r *run) checkProxy(ctx context.Context) Check {
 	var d net.Dialer
 	conn, err := d.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return fail(fmt.Sprintf("egress proxy %s (from %s) does not answer at %s: %v", u.Redacted(), why, addr, err),
+		return fail(fmt.Sprintf("egress proxy %s (from %s) does not answer at %s: %v", client.RedactProxy(u.String()), why, addr, err),
 			fmt.Sprintf("check the proxy address in %s; if the server is reachable without it, exempt %s with NO_PROXY or pass --proxy direct", why, r.host))
 	}
 	_ = conn.Close()
 	return pass(fmt.Sprintf("egress proxy %s (from %s) accepts connections at %s (%s); it resolves and connects to %s",
-		u.Redacted(), why, addr, ms(time.Since(start)), r.cfg.Server))
+		client.RedactProxy(u.String()), why, addr, ms(time.Since(start)), r.cfg.Server))
 }
 
 // checkDNS resolves the server's name, as the client would (the proxy
@@ -147,6 +147,8 @@ func (r *run) checkTCP(ctx context.Context) Check {
 func (r *run) tcpHint(err error) string {
 	msg := err.Error()
 	switch {
+	case strings.Contains(msg, "refused the user and password"):
+		return "the egress proxy rejects the user and password in HTTPS_PROXY/--proxy: check them, with @, : and / in them percent-encoded"
 	case strings.Contains(msg, "refused CONNECT"):
 		return fmt.Sprintf("the egress proxy does not allow %s: ask its administrators to allow CONNECT to port %s, or exempt the server with NO_PROXY if it is reachable directly", r.cfg.Server, r.port)
 	case strings.Contains(msg, "egress proxy") && !strings.Contains(msg, "CONNECT"):

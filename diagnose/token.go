@@ -122,7 +122,7 @@ func (r *run) checkLogin(ctx context.Context) Check {
 	}
 	if !reply.Connected {
 		lines = append(lines, "no client serves this tunnel right now")
-		return warn(strings.Join(lines, "\n"), "the path works, but the tunnel is down: start `tether client` with this configuration, or read its log and `tether status` where it runs")
+		return warn(strings.Join(lines, "\n"), "the path to the server works, but the tunnel is down: start `tether client` with this configuration (before it starts, in a pre-flight check, this is expected), or read its log and `tether status` where it runs")
 	}
 	since := ""
 	if reply.ConnectedSince != nil {

@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -93,89 +92,4 @@ func upstreamHint(rt proxy.Route, err error) string {
 		return fmt.Sprintf("the upstream speaks plain HTTP: use http:// in --route %s", rt.Prefix)
 	}
 	return fmt.Sprintf("check the upstream of --route %s", rt.Prefix)
-}
-
-// checkEndToEnd sends requests to the tunnel's public URL: through the
-// server's HTTP entry, the tunnel and the client to the upstream, and back.
-func (r *run) checkEndToEnd(ctx context.Context) Check {
-	target := r.o.URL
-	if target == "" && r.probe != nil {
-		target = r.probe.PublicURL
-	}
-	if target == "" {
-		return Check{Status: Skip, Detail: "skipped: pass --url https://<tunnel>.<domain>/ to test the public path (the login probe tells it when the server knows it)"}
-	}
-	hc := &http.Client{
-		Transport: &http.Transport{Proxy: http.ProxyFromEnvironment, DialContext: dialLocalhost},
-		// A redirect (say, to a login page) is an answer: the tunnel works.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
-	defer hc.CloseIdleConnections()
-	var took []time.Duration
-	var last *http.Response
-	for range r.o.Requests {
-		sctx, cancel := r.bounded(ctx)
-		req, err := http.NewRequestWithContext(sctx, http.MethodGet, target, nil)
-		if err != nil {
-			cancel()
-			return fail(fmt.Sprintf("--url %q: %v", target, err), "pass the tunnel's public URL, e.g. https://<tunnel>.<domain>/")
-		}
-		start := time.Now()
-		resp, err := hc.Do(req)
-		if err != nil {
-			cancel()
-			return fail(fmt.Sprintf("GET %s: %v", target, unwrapURLError(err)), publicHint(target, err))
-		}
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
-		_ = resp.Body.Close()
-		cancel()
-		took = append(took, time.Since(start))
-		last = resp
-		if reason := resp.Header.Get(proxy.ErrorHeader); reason != "" {
-			return fail(fmt.Sprintf("GET %s → %s, %s: %s", target, resp.Status, proxy.ErrorHeader, reason), tunnelErrorHint(reason))
-		}
-	}
-	slices.Sort(took)
-	detail := fmt.Sprintf("%d requests to %s → %s; p50 %s, p95 %s", len(took), target, last.Status,
-		ms(took[len(took)/2]), ms(took[(len(took)*95-1)/100]))
-	if last.StatusCode >= 500 {
-		return warn(detail, "the tunnel carries requests, but the service behind it answers with an error: check the app behind the route")
-	}
-	return pass(detail)
-}
-
-// dialLocalhost dials <name>.localhost on loopback, as browsers and curl do
-// (RFC 6761), so that `tether demo`'s URLs work here too.
-func dialLocalhost(ctx context.Context, network, addr string) (net.Conn, error) {
-	if host, port, err := net.SplitHostPort(addr); err == nil && strings.HasSuffix(host, ".localhost") {
-		addr = net.JoinHostPort("127.0.0.1", port)
-	}
-	var d net.Dialer
-	return d.DialContext(ctx, network, addr)
-}
-
-func publicHint(target string, err error) string {
-	u, _ := url.Parse(target)
-	var de *net.DNSError
-	switch {
-	case errors.As(err, &de) && de.IsNotFound:
-		return fmt.Sprintf("%s does not resolve: the platform's DNS needs a wildcard record for *.<domain> pointing at the server's HTTP entry", u.Hostname())
-	case errors.Is(err, syscall.ECONNREFUSED):
-		return "nothing listens at the public URL: check the server's HTTP entry (--http-addr) and the ingress or load balancer in front of it"
-	}
-	return "check the platform's path to the server's HTTP entry (DNS, ingress, load balancer)"
-}
-
-// tunnelErrorHint explains the reasons the server and router put in
-// X-Tether-Error.
-func tunnelErrorHint(reason string) string {
-	switch {
-	case strings.HasPrefix(reason, "unknown_host"):
-		return "the server serves no tunnel at that host: the URL's host must be <tunnel>.<domain>, with the server's --domain"
-	case strings.HasPrefix(reason, "tunnel_down"), strings.HasPrefix(reason, "tunnel_disconnected"):
-		return "no client serves this tunnel at the server: start `tether client`, or read its log and `tether status` where it runs"
-	case strings.HasPrefix(reason, proxy.CodeNoRoute):
-		return "no --route of the client matches this path: add one, or request a path under a configured prefix"
-	}
-	return "the tunnel works up to the client, which could not reach the upstream: see the upstream checks above"
 }

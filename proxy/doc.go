@@ -1,6 +1,14 @@
-// Package proxy is the tunnel client's in-process router: an http.Handler
-// that receives the requests the tunnel server carries through the tunnel
-// and forwards each one to an in-cluster service, chosen by path prefix.
+// Package proxy is the HTTP router for a tunnel's routes: an http.Handler
+// that forwards each request to the upstream of the route its path matches.
+//
+// It runs in the tunnel server, one Router per tunnel session. A tether
+// client advertises its routes at login (Route.String, read back with
+// ParseRoute); the server builds a Router from them whose DialContext opens
+// a stream of the session and asks the client to connect to the chosen
+// route's upstream (Route.DialAddr). The client parses no HTTP: it checks
+// that address against its own routes' DialAddr and copies bytes. So each
+// request is parsed once, in the server, and the client still connects to
+// nothing but its own upstreams.
 //
 // The default routes are the adapters of the platform's runtime (see
 // Adapters): "/" to the app-proxy, "/argo-cd" to Argo CD, "/workflows" to
@@ -9,6 +17,8 @@
 // its prefix, upstream, health check and timeout, with the reason for each.
 //
 // # Usage
+//
+// The client picks its routes and advertises them:
 //
 //	routes := proxy.DefaultRoutes()
 //	if len(flags.Routes) > 0 { // --route PREFIX=URL[;timeout=D][;insecure-skip-verify]
@@ -21,12 +31,19 @@
 //			routes = append(routes, r)
 //		}
 //	}
-//	router, err := proxy.NewRouter(routes, log, proxy.Options{Metrics: reg})
+//	// advertise r.String() for each route at login
+//
+// The server, for each session, parses the advertised specs back and routes
+// through the session:
+//
+//	// dialThroughSession opens a stream, asks the client to connect to
+//	// addr, and returns the stream once the client has.
+//	router, err := proxy.NewRouter(routes, log, proxy.Options{DialContext: dialThroughSession})
 //	if err != nil {
-//		return err
+//		return err // refuse the session's routes
 //	}
-//	defer router.Close()
-//	// serve router on the tunnel's streams, e.g. http.Server{Handler: router}
+//	defer router.Close() // when the session ends
+//	router.ServeHTTP(w, req) // for each request to the tunnel's host
 //
 // # Behaviour
 //
@@ -34,17 +51,18 @@
 // matching none gets 404. Whether the prefix reaches the upstream depends on
 // the upstream URL's path, as with nginx's proxy_pass (see Route).
 //
-// Every request goes to its route's upstream and nowhere else: the Host
-// header, an absolute-form request target ("GET http://other/ HTTP/1.1") and
-// X-Forwarded-Host never change where the router dials, and CONNECT is
-// refused, so the router is never an open proxy into the cluster.
+// Every request goes to its route's upstream and nowhere else: the router
+// dials the route's DialAddr, and the Host header, an absolute-form request
+// target ("GET http://other/ HTTP/1.1") and X-Forwarded-Host never change
+// that; CONNECT is refused. The router is never an open proxy into the
+// cluster, and the client's check of the dial address makes sure of it.
 //
 // Bodies stream in both directions, without buffering: every write is
 // flushed at once (server-sent events, watch streams), websocket upgrades
 // pass through, and an upstream may answer while the request body still
 // streams in. Hop-by-hop headers are dropped (Upgrade is kept for websocket
-// only). X-Forwarded-For, -Host and -Proto are trusted as set by the tunnel
-// server and passed on unchanged; X-Forwarded-Prefix is set when the prefix
+// only). X-Forwarded-For, -Host and -Proto are trusted as the server's public
+// entry set them and passed on unchanged; X-Forwarded-Prefix is set when the prefix
 // is stripped; the upstream sees its own Host.
 //
 // When the router answers instead of the upstream, the response is one short
@@ -53,14 +71,16 @@
 // route's Timeout. Failures are logged at Warn with the route and upstream,
 // never with request headers; a caller that goes away is logged at Debug.
 //
-// Upstreams sharing a scheme, host and TLS setting share one pool of
-// keep-alive HTTP/1.1 connections, with many idle connections kept per host.
+// Upstreams sharing a scheme, dial address and TLS setting share one pool
+// of keep-alive HTTP/1.1 connections (through the tunnel, streams of the
+// session), with many idle connections kept per upstream.
 //
 // # What it does not do
 //
-// It does not authenticate or authorize: requests have passed the tunnel
-// server's tenancy checks before they reach the tunnel. It does not retry,
-// balance between upstreams, rewrite response bodies or redirects, or speak
-// HTTP/2 to upstreams. It does not run health checks; Route.HealthURL tells
-// diagnostics where they are. It never imports the tunnel engine.
+// It does not authenticate or authorize: the server's public entry has
+// already matched the request's host to this tunnel, and only to it. It does
+// not retry, balance between upstreams, rewrite response bodies or
+// redirects, or speak HTTP/2 to upstreams. It does not run health checks;
+// Route.HealthURL tells diagnostics where they are. It never imports the
+// tunnel engine: the stream it dials through comes in as a DialFunc.
 package proxy

@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"fmt"
+	"net"
 	"net/url"
 	"strconv"
 	"strings"
@@ -149,6 +150,23 @@ func (r Route) String() string {
 		b.WriteString(";insecure-skip-verify")
 	}
 	return b.String()
+}
+
+// DialAddr is the address the route's upstream is dialled at, HOST:PORT,
+// with the scheme's default port (80 for http, 443 for https) when the URL
+// names none. It is the one answer to "where does this route connect": the
+// router's transports dial it, and a tether client accepts a dial request
+// only for the DialAddr of one of its own routes. r.Upstream must be set,
+// as ParseRoute and NewRouter ensure.
+func (r Route) DialAddr() string {
+	port := r.Upstream.Port()
+	if port == "" {
+		port = "80"
+		if r.Upstream.Scheme == "https" {
+			port = "443"
+		}
+	}
+	return net.JoinHostPort(r.Upstream.Hostname(), port)
 }
 
 // HealthURL returns the absolute URL of the route's health check, the

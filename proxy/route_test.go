@@ -143,6 +143,24 @@ func TestHealthURL(t *testing.T) {
 	}
 }
 
+func TestDialAddr(t *testing.T) {
+	tests := []struct{ upstream, want string }{
+		{"http://argocd-server", "argocd-server:80"},
+		{"http://argocd-server:80", "argocd-server:80"},
+		{"https://argo-server/", "argo-server:443"},
+		{"https://argo-server:2746/", "argo-server:2746"},
+		{"http://app-proxy.ns.svc:8080/base", "app-proxy.ns.svc:8080"},
+		{"http://10.0.0.7", "10.0.0.7:80"},
+		{"https://[fd00::7]", "[fd00::7]:443"},
+		{"http://[fd00::7]:8080", "[fd00::7]:8080"},
+	}
+	for _, tc := range tests {
+		if got := (Route{Upstream: mustURL(t, tc.upstream)}).DialAddr(); got != tc.want {
+			t.Errorf("DialAddr(%q) = %q, want %q", tc.upstream, got, tc.want)
+		}
+	}
+}
+
 func TestNewRouterValidation(t *testing.T) {
 	up := mustURL(t, "http://h:1")
 	tests := []struct {

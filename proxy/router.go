@@ -26,9 +26,10 @@ type Options struct {
 	// Zero means DefaultDialTimeout (5s).
 	DialTimeout time.Duration
 
-	// DialContext dials upstreams; nil means a net.Dialer. Tests and callers
-	// that resolve services their own way inject it. DialTimeout still
-	// applies, through the context.
+	// DialContext dials upstreams, at their Route.DialAddr; nil means a
+	// net.Dialer. The tunnel server injects one that dials through the
+	// tunnel's session, where the client connects to the upstream; tests
+	// inject their own. DialTimeout still applies, through the context.
 	DialContext DialFunc
 
 	// Metrics, if set, receives the router's collectors:
@@ -38,8 +39,9 @@ type Options struct {
 }
 
 // Router is an http.Handler that forwards each request to the upstream of
-// the route whose prefix matches the request path, longest prefix first. It
-// is safe for concurrent use. Create it with NewRouter.
+// the route whose prefix matches the request path, longest prefix first. The
+// tunnel server builds one per tunnel session, from the routes its client
+// advertised. It is safe for concurrent use. Create it with NewRouter.
 type Router struct {
 	log        *zap.Logger
 	routes     []*route // longest prefix first
@@ -67,8 +69,9 @@ func ValidateRoutes(routes []Route) ([]Route, error) { return validateRoutes(rou
 // NewRouter validates routes and builds a Router. It needs at least one
 // route; prefixes must be unique and upstreams absolute http or https URLs
 // without user info, query or fragment. Every problem is reported, joined.
-// Upstreams that share scheme, host and TLS setting share one connection
-// pool. NewRouter does not dial; the router logs under log.Named("proxy").
+// Upstreams that share scheme, dial address (Route.DialAddr) and TLS setting
+// share one connection pool. NewRouter does not dial; the router logs under
+// log.Named("proxy").
 func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 	if log == nil {
 		log = zap.NewNop()
@@ -310,11 +313,11 @@ func (rt *route) rewrite(pr *httputil.ProxyRequest) {
 	// cluster; the caller's host travels in X-Forwarded-Host.
 	out.Host = ""
 
-	// The tunnel server removes X-Forwarded-* arriving from the internet and
-	// sets its own, so they are trusted and passed on as they are.
-	// ReverseProxy removed them (and Forwarded, which no hop vouches for)
-	// before calling Rewrite. The stream's RemoteAddr is not appended: it is
-	// the tunnel, not the caller.
+	// The server's public entry removes X-Forwarded-* arriving from the
+	// internet and sets its own, so they are trusted and passed on as they
+	// are. ReverseProxy removed them (and Forwarded, which no hop vouches
+	// for) before calling Rewrite. RemoteAddr is not appended: the entry put
+	// the caller in X-Forwarded-For already.
 	for _, h := range forwardedHeaders {
 		if v, ok := in.Header[h]; ok {
 			out.Header[h] = slices.Clone(v)

@@ -99,7 +99,7 @@ func TestNeverOpenProxy(t *testing.T) {
 // in-cluster upstream traffic to an egress proxy. (Setting the variable in a
 // test proves nothing: net/http reads it once per process.)
 func TestEnvironmentProxyIgnored(t *testing.T) {
-	for _, k := range []transportKey{{scheme: "http", host: "h:1"}, {scheme: "https", host: "h:1", insecure: true}} {
+	for _, k := range []transportKey{{scheme: "http", addr: "h:1"}, {scheme: "https", addr: "h:1", insecure: true}} {
 		if tr := newTransport(k, nil); tr.Proxy != nil {
 			t.Errorf("transport for %v has a Proxy func, want nil", k)
 		}

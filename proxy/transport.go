@@ -35,17 +35,19 @@ const (
 // The context bounds only the dial, not the connection's later use.
 type DialFunc func(ctx context.Context, network, addr string) (net.Conn, error)
 
-// transportKey identifies upstreams that can share connections: same scheme
-// and host, same TLS verification.
+// transportKey identifies upstreams that can share connections: same scheme,
+// same address to dial (so "http://a" and "http://a:80" share), same TLS
+// verification.
 type transportKey struct {
-	scheme, host string
-	insecure     bool
+	scheme   string
+	addr     string // Route.DialAddr
+	insecure bool
 }
 
 func keyOf(r Route) transportKey {
 	return transportKey{
 		scheme:   r.Upstream.Scheme,
-		host:     r.Upstream.Host,
+		addr:     r.DialAddr(),
 		insecure: r.Upstream.Scheme == "https" && r.InsecureSkipVerify,
 	}
 }
@@ -68,14 +70,21 @@ func newDialFunc(opts Options) DialFunc {
 	}
 }
 
-// newTransport returns the transport for one upstream.
+// newTransport returns the transport for one upstream: it dials k.addr and
+// nothing else.
 func newTransport(k transportKey, dial DialFunc) *http.Transport {
 	t := &http.Transport{
 		// Upstreams are in-cluster: never send them through an egress proxy
 		// named by HTTP_PROXY/HTTPS_PROXY, which NO_PROXY rarely exempts
 		// short service names from.
-		Proxy:                 nil,
-		DialContext:           dial,
+		Proxy: nil,
+		// The address http.Transport derives from the request URL is not
+		// used: its own rules (IDNA, default ports) need not agree with
+		// Route.DialAddr, which the tether client checks a dial against,
+		// and one transport serves one address only.
+		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
+			return dial(ctx, network, k.addr)
+		},
 		TLSHandshakeTimeout:   tlsHandshakeTimeout,
 		IdleConnTimeout:       idleConnTimeout,
 		MaxIdleConnsPerHost:   maxIdleConnsPerHost,

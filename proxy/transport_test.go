@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httptrace"
@@ -110,6 +111,43 @@ func TestTransportsByUpstream(t *testing.T) {
 		if tp.MaxIdleConnsPerHost != maxIdleConnsPerHost || tp.IdleConnTimeout != idleConnTimeout ||
 			tp.TLSHandshakeTimeout != tlsHandshakeTimeout || !tp.DisableCompression {
 			t.Errorf("transport settings %+v, want the documented pool and timeouts", tp)
+		}
+	}
+}
+
+// The router dials each route's DialAddr, whatever address http.Transport
+// would derive, and routes with the same DialAddr share one pool.
+func TestTransportDialsDialAddr(t *testing.T) {
+	up := echoUpstream(t, "up")
+	var mu sync.Mutex
+	var dialed []string
+	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
+		mu.Lock()
+		dialed = append(dialed, addr)
+		mu.Unlock()
+		var d net.Dialer
+		return d.DialContext(ctx, network, up.Listener.Addr().String())
+	}
+	tr := newTestRouter(t, []Route{
+		{Prefix: "/a", Upstream: mustURL(t, "http://svc.ns")},
+		{Prefix: "/b", Upstream: mustURL(t, "http://svc.ns:80/")},
+	}, nil, Options{DialContext: dial})
+	if n := len(tr.transports); n != 1 {
+		t.Errorf("%d transports for http://svc.ns and http://svc.ns:80, want 1", n)
+	}
+	for _, path := range []string{"/a/x", "/b/x"} {
+		if got := tr.getSeen(t, path, nil); got.Upstream != "up" {
+			t.Errorf("GET %s reached %q, want the upstream", path, got.Upstream)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(dialed) == 0 {
+		t.Fatal("the router dialed nothing")
+	}
+	for _, addr := range dialed {
+		if addr != "svc.ns:80" {
+			t.Errorf("the router dialed %q, want the routes' DialAddr svc.ns:80", addr)
 		}
 	}
 }

@@ -83,6 +83,30 @@ Routes:
 	}
 }
 
+// What a client's health address answers reaches the terminal escaped.
+func TestClientEscapesValues(t *testing.T) {
+	snap := client.Snapshot{
+		Tunnel: "acme\x1b[2J", Server: "tunnels.example.com:7000", Transport: "tcp\r", Via: "direct\nState: ready",
+		State: "not connected: " + hostileVersion, LastError: "boom\r\x1b[1A", LastErrorAt: timeAt(-time.Second),
+		Routes: []client.RouteState{{Prefix: "/\x1b[8m", Upstream: "http://a:1\n  /x", Adapter: "custom\u202e"}},
+	}
+	out, err := showClient(t, healthAPI(t, snap), Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := unsafeForTerminal(out); ok {
+		t.Errorf("client status holds %q:\n%q", r, out)
+	}
+	if n := strings.Count(out, "\n"); n != 12 {
+		t.Errorf("client status has %d lines, want 12 (9 fields, Routes, header, one route):\n%s", n, out)
+	}
+	for _, want := range []string{`Via:          direct\nState: ready`, `Last error:   boom\r\x1b[1A (1s ago)`, `/\x1b[8m`, `custom\u202e`} {
+		if !strings.Contains(out, want) {
+			t.Errorf("client status lacks %q:\n%s", want, out)
+		}
+	}
+}
+
 func TestClientDisconnected(t *testing.T) {
 	snap := client.Snapshot{
 		Tunnel: "acme-prod", Server: "tunnels.example.com:7000", Transport: "tcp",

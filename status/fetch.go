@@ -64,7 +64,7 @@ func (e endpoint) getJSON(ctx context.Context, v any) error {
 		return e.unauthorized()
 	}
 	if resp.StatusCode != http.StatusOK {
-		return e.notOurs(resp.Status)
+		return e.notOurs(printable(resp.Status)) // whatever answered wrote it
 	}
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody))
 	if err != nil {

@@ -4,8 +4,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
+	"unicode"
+	"unicode/utf16"
+	"unicode/utf8"
 
 	"github.com/tether-dev/tether/internal/human"
 	"github.com/tether-dev/tether/tunnel/client"
@@ -44,10 +49,10 @@ func (p Printer) Tunnels(list []server.Info) error {
 	}
 	fmt.Fprintln(tw, header)
 	for _, t := range list {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", orNone(t.Name), orNone(t.Account), orNone(t.Runtime),
-			orNone(t.ClientAddress), human.Age(now.Sub(t.ConnectedSince)), orNone(t.ClientVersion), human.Bytes(t.BytesIn), human.Bytes(t.BytesOut))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", field(t.Name), field(t.Account), field(t.Runtime),
+			field(t.ClientAddress), human.Age(now.Sub(t.ConnectedSince)), field(t.ClientVersion), human.Bytes(t.BytesIn), human.Bytes(t.BytesOut))
 		if p.Format == Wide {
-			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d", orNone(t.Transport), orNone(t.Route), timeLeft(t.TokenExpires, now), t.Requests)
+			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d", field(t.Transport), field(t.Route), timeLeft(t.TokenExpires, now), t.Requests)
 		}
 		fmt.Fprintln(tw)
 	}
@@ -61,17 +66,17 @@ func (p Printer) Client(s client.Snapshot) error {
 	}
 	now := p.Now()
 	tw := newTabWriter(p.Out)
-	fmt.Fprintf(tw, "Tunnel:\t%s\n", orNone(s.Tunnel))
-	fmt.Fprintf(tw, "Server:\t%s\n", orNone(s.Server))
-	fmt.Fprintf(tw, "Transport:\t%s\n", orNone(s.Transport))
-	fmt.Fprintf(tw, "Via:\t%s\n", orNone(s.Via))
-	fmt.Fprintf(tw, "State:\t%s\n", orNone(s.State))
+	fmt.Fprintf(tw, "Tunnel:\t%s\n", field(s.Tunnel))
+	fmt.Fprintf(tw, "Server:\t%s\n", field(s.Server))
+	fmt.Fprintf(tw, "Transport:\t%s\n", field(s.Transport))
+	fmt.Fprintf(tw, "Via:\t%s\n", field(s.Via))
+	fmt.Fprintf(tw, "State:\t%s\n", field(s.State))
 	fmt.Fprintf(tw, "Logged in:\t%s\n", since(s.LoggedInSince, now))
 	fmt.Fprintf(tw, "Connected:\t%s\n", since(s.ConnectedSince, now))
 	if s.LastError == "" {
 		fmt.Fprintf(tw, "Last error:\t%s\n", none)
 	} else {
-		fmt.Fprintf(tw, "Last error:\t%s (%s)\n", s.LastError, ago(s.LastErrorAt, now))
+		fmt.Fprintf(tw, "Last error:\t%s (%s)\n", printable(s.LastError), ago(s.LastErrorAt, now))
 	}
 	fmt.Fprintf(tw, "Reconnects:\t%d\n", s.Reconnects)
 	if len(s.Routes) == 0 {
@@ -85,7 +90,7 @@ func (p Printer) Client(s client.Snapshot) error {
 	tw = newTabWriter(p.Out)
 	fmt.Fprintln(tw, "  PREFIX\tUPSTREAM\tADAPTER")
 	for _, r := range s.Routes {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", r.Prefix, r.Upstream, orNone(r.Adapter))
+		fmt.Fprintf(tw, "  %s\t%s\t%s\n", printable(r.Prefix), printable(r.Upstream), field(r.Adapter))
 	}
 	return tw.Flush()
 }
@@ -95,16 +100,80 @@ func newTabWriter(w io.Writer) *tabwriter.Writer {
 }
 
 func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(escapeJSON(b), '\n'))
+	return err
 }
 
-func orNone(s string) string {
+// escapeJSON writes as \uXXXX each character of encoded JSON that a
+// terminal could act on and encoding/json leaves as it is (DEL, C1 controls,
+// bidirectional overrides, ...; it escapes the C0 controls itself). The JSON
+// still decodes to the same values.
+func escapeJSON(b []byte) []byte {
+	out := make([]byte, 0, len(b))
+	for len(b) > 0 {
+		r, size := utf8.DecodeRune(b)
+		if r == '\n' || unicode.IsPrint(r) { // a raw newline is the indent's
+			out = append(out, b[:size]...)
+		} else {
+			for _, u := range utf16.Encode([]rune{r}) {
+				out = fmt.Appendf(out, `\u%04x`, u)
+			}
+		}
+		b = b[size:]
+	}
+	return out
+}
+
+// field is a value for a table: printable, or none when empty.
+func field(s string) string {
 	if s == "" {
 		return none
 	}
-	return s
+	return printable(s)
+}
+
+// printable returns s as it may reach a terminal. Every value status prints
+// comes from the network (an admin API, a client's health address), and some
+// from a tunnel client itself (its version, sent at login): a control
+// character, an ANSI escape sequence, a bidirectional override or invalid
+// UTF-8 in it could rewrite the screen, forge lines or break the table's
+// columns. Each is shown escaped as Go writes it in a string (\x1b, \n, \r,
+// \t, \u202e); backslashes are escaped too, so what is shown reads back
+// unambiguously. Printable text, spaces included, is kept.
+func printable(s string) string {
+	if isPrintable(s) {
+		return s
+	}
+	var b strings.Builder
+	for len(s) > 0 {
+		r, size := utf8.DecodeRuneInString(s)
+		switch {
+		case r == utf8.RuneError && size == 1:
+			fmt.Fprintf(&b, `\x%02x`, s[0])
+		case r == '\\':
+			b.WriteString(`\\`)
+		case unicode.IsPrint(r):
+			b.WriteRune(r)
+		default:
+			q := strconv.QuoteRuneToASCII(r) // '\x1b', '\n', '\u202e'
+			b.WriteString(q[1 : len(q)-1])
+		}
+		s = s[size:]
+	}
+	return b.String()
+}
+
+func isPrintable(s string) bool {
+	for _, r := range s {
+		if r == '\\' || r == utf8.RuneError || !unicode.IsPrint(r) {
+			return false
+		}
+	}
+	return true
 }
 
 // since says "yes, for 5m (since 2006-01-02T15:04:05Z)", or "no" when t is nil.

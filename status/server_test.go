@@ -13,6 +13,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/tunnel/server"
@@ -149,6 +150,58 @@ func TestTunnelsJSON(t *testing.T) {
 	want := []server.Info{tunnels[2], tunnels[1]} // acme-dev, acme-prod
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("JSON list %+v, want %+v", got, want)
+	}
+}
+
+// hostileVersion is a client version as a hostile client could send it at
+// login: it would clear the screen, forge a table line and overwrite it.
+const hostileVersion = "1.0\x1b[2J\x1b[31m\nevil-tunnel   owned   0.0.0.0:1\rX\u009b1m\u202e"
+
+// unsafeForTerminal reports the first character of out that a terminal
+// would act on, other than the newlines that end lines.
+func unsafeForTerminal(out string) (rune, bool) {
+	for _, r := range out {
+		if r != '\n' && !unicode.IsPrint(r) {
+			return r, true
+		}
+	}
+	return 0, false
+}
+
+// A value a client sent (its version, at login) reaches the terminal
+// escaped: it cannot clear the screen, color it, forge a line or rewrite
+// one, in any output format.
+func TestTunnelsEscapeClientValues(t *testing.T) {
+	hostile := []server.Info{{
+		Name: "acme", Account: "acme\x1b]0;title\a", Runtime: "prod\tx", ClientAddress: "203.0.113.7:1",
+		ConnectedSince: now.Add(-time.Minute), ClientVersion: hostileVersion, Transport: "tls\r", Route: "acme\n",
+	}}
+	url := adminAPI(t, "", hostile, nil)
+	for _, format := range []Format{Table, Wide} {
+		out, err := showTunnels(t, url, "", format)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, ok := unsafeForTerminal(out); ok {
+			t.Errorf("%q output holds %q:\n%q", format, r, out)
+		}
+		if n := strings.Count(out, "\n"); n != 2 {
+			t.Errorf("%q output has %d lines, want the header and one tunnel:\n%s", format, n, out)
+		}
+		if want := `1.0\x1b[2J\x1b[31m\nevil-tunnel   owned   0.0.0.0:1\rX\u009b1m\u202e`; !strings.Contains(out, want) {
+			t.Errorf("%q output does not show the version escaped as %s:\n%s", format, want, out)
+		}
+	}
+	out, err := showTunnels(t, url, "", JSON)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, ok := unsafeForTerminal(out); ok {
+		t.Errorf("JSON output holds %q:\n%q", r, out)
+	}
+	var got []server.Info
+	if err := json.Unmarshal([]byte(out), &got); err != nil || len(got) != 1 || got[0].ClientVersion != hostileVersion {
+		t.Errorf("JSON output decodes to %+v, %v; want the version as the server sent it", got, err)
 	}
 }
 

@@ -3,6 +3,12 @@
 // (GET /api/tunnels), or one client's state from its health address
 // (GET /status). It decodes into the types the server and the client encode,
 // server.Info and client.Snapshot, so each JSON shape has one definition.
+//
+// Everything it prints came over the network, and some of it from tunnel
+// clients themselves (the version a client sends at login): control
+// characters, escape sequences and other non-printable characters are shown
+// escaped (\x1b, \n), in the tables and, as \uXXXX, in JSON, so that no value
+// can rewrite the terminal or forge a line.
 package status
 
 import (

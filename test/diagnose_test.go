@@ -1,6 +1,7 @@
 package test
 
 import (
+	"encoding/json"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -92,4 +93,58 @@ func keysOf(m map[string]string) []string {
 		out = append(out, k)
 	}
 	return out
+}
+
+// TestDiagnoseDoesNotFailForWhatItCannotSee: run before the client starts (a
+// pre-flight check), `tether diagnose` skips the public path and exits 0;
+// run where the server's public URL does not resolve (a laptop, a sandbox, a
+// cluster without the platform's DNS), it warns and still exits 0, because
+// every step of the tunnel passes.
+func TestDiagnoseDoesNotFailForWhatItCannotSee(t *testing.T) {
+	t.Parallel()
+	k := newKeys(t)
+	srv := startServer(t, k, serverOpts{args: []string{"--public-url", "http://*.tunnels.invalid:8080"}})
+	backend := newBackend(t, "acme-root", nil)
+	tokenFile := writeToken(t, k.issue(t, "acme", 2*time.Hour))
+	env := []string{
+		"TETHER_SERVER=" + srv.tunnelAddr, "TETHER_TOKEN_FILE=" + tokenFile, "TETHER_TLS_CA=" + caFile,
+		"TETHER_ROUTE=/=" + backend.url(),
+	}
+
+	code, stdout, stderr := runTether(t, env, "diagnose")
+	if code != 0 {
+		t.Errorf("pre-flight: exit %d, want 0\n%s\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{
+		"PASS tls", "PASS token", "WARN login", "no client serves this tunnel right now", "PASS upstream /",
+		"SKIP end-to-end", "no client serves this tunnel yet", "hint: run tether diagnose again once `tether client` serves the tunnel",
+		"OK, with warnings: login.",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("pre-flight output lacks %q:\n%s", want, stdout)
+		}
+	}
+
+	startClient(t, srv, clientOpts{tokenFile: tokenFile, routes: []string{"/=" + backend.url()}})
+	code, stdout, stderr = runTether(t, env, "diagnose", "--requests", "1")
+	if code != 0 {
+		t.Errorf("with an unresolvable public URL: exit %d, want 0\n%s\n%s", code, stdout, stderr)
+	}
+	for _, want := range []string{
+		"PASS login", "a client serves this tunnel",
+		"WARN end-to-end", "GET http://acme.tunnels.invalid:8080", "no such host",
+		"cannot be reached from where diagnose runs", "Here acme.tunnels.invalid does not resolve",
+		"OK, with warnings: end-to-end.",
+	} {
+		if !strings.Contains(stdout, want) {
+			t.Errorf("output lacks %q:\n%s", want, stdout)
+		}
+	}
+	code, stdout, _ = runTether(t, env, "diagnose", "--requests", "1", "--output", "json")
+	var report struct {
+		OK bool `json:"ok"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &report); err != nil || code != 0 || !report.OK {
+		t.Errorf("--output json: exit %d, ok %v (%v); want exit 0 and ok true\n%s", code, report.OK, err, stdout)
+	}
 }

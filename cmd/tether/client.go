@@ -40,8 +40,9 @@ func NewCmdClient(f *Factory, runF func(*ClientOptions) error) *cobra.Command {
 
 The client dials out to --server (TLS over TCP, or wss), logs in with the JWT in
 --token-file (re-read at every connect, so a rotated Secret takes effect without
-a restart), and serves the requests for its tunnel by forwarding them, by path
-prefix, to the upstreams of --route. It forwards nowhere else.
+a restart), and advertises its --route table. The server routes the tunnel's
+requests by path prefix and the client connects each one to the upstream of
+its --route, and to nothing else.
 
 Without --route it serves the default adapters:
   /            app-proxy        http://app-proxy:8080

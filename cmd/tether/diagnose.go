@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/tether-dev/tether/diagnose"
 	"github.com/tether-dev/tether/internal/config"
 	"github.com/tether-dev/tether/internal/version"
+	"github.com/tether-dev/tether/tunnel/client"
 )
 
 // DiagnoseOptions are the flags of `tether diagnose`: the client's, and how
@@ -49,9 +49,14 @@ what to do about it:
   end-to-end  requests through the public URL, the tunnel and back (--url, or
               the URL the server tells the login probe)
 
+A check fails only for what stops or breaks this tunnel. What diagnose cannot
+see from where it runs is a warning (the public URL from a laptop or a cluster
+without the platform's DNS), and the public path is skipped while no client
+serves the tunnel, so it also works as a pre-flight check.
+
 It takes the same flags, config file and environment as 'tether client', so in
 the client's container it needs no arguments. Exit status 0 when no check
-failed, 1 when one did.`,
+failed (warn and skip do not), 1 when one did.`,
 		Example: `  kubectl exec deploy/my-runtime -c tether -- tether diagnose
   tether diagnose --server tunnels.example.com:443 --token-file token.jwt --url https://acme.tunnels.example.com/
   tether diagnose --output json | jq '.checks[] | select(.status != "pass")'
@@ -104,7 +109,7 @@ func runDiagnose(cmd *cobra.Command, f *Factory, opts *DiagnoseOptions) error {
 		return err
 	}
 	if opts.Bundle != "" {
-		if err := writeBundle(cmd, opts, report, settings); err != nil {
+		if err := writeBundle(cmd, opts, cfg, report, settings); err != nil {
 			return err
 		}
 		fmt.Fprintf(f.ErrOut, "support bundle written to %s\n", opts.Bundle)
@@ -115,7 +120,7 @@ func runDiagnose(cmd *cobra.Command, f *Factory, opts *DiagnoseOptions) error {
 	return nil
 }
 
-func writeBundle(cmd *cobra.Command, opts *DiagnoseOptions, report diagnose.Report, settings []diagnose.Setting) error {
+func writeBundle(cmd *cobra.Command, opts *DiagnoseOptions, cfg client.Config, report diagnose.Report, settings []diagnose.Setting) error {
 	out, err := os.OpenFile(opts.Bundle, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
 	if err != nil {
 		return fmt.Errorf("--bundle: %w", err)
@@ -124,6 +129,7 @@ func writeBundle(cmd *cobra.Command, opts *DiagnoseOptions, report diagnose.Repo
 	if b, err := os.ReadFile(opts.Client.TokenFile); err == nil && opts.Client.TokenFile != "" {
 		secrets = append(secrets, strings.TrimSpace(string(b)))
 	}
+	secrets = append(secrets, client.ProxySecrets(cfg)...)
 	werr := diagnose.WriteBundle(cmd.Context(), out, report, diagnose.BundleOptions{
 		Version:    version.String(),
 		Settings:   settings,
@@ -153,9 +159,7 @@ func diagnoseSettings(fs *pflag.FlagSet, sources *config.Sources) []diagnose.Set
 		case config.IsSecret(fl.Name) && value != "":
 			value = "[redacted]"
 		case fl.Name == "proxy":
-			if u, err := url.Parse(value); err == nil && u.User != nil {
-				value = u.Redacted()
-			}
+			value = client.RedactProxy(value)
 		}
 		if value == "" {
 			value = `""`

@@ -2,6 +2,11 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -94,5 +99,83 @@ func TestDiagnoseBadFlags(t *testing.T) {
 		if code != exitUsage || !strings.Contains(stderr, args[1]) {
 			t.Errorf("%v: exit %d, stderr %q; want exit %d naming %s", args, code, stderr, exitUsage, args[1])
 		}
+	}
+}
+
+// The egress proxy's password is in no file of a support bundle: not in the
+// settings, the checks, or what the client's health address serves, whether
+// the proxy value is well formed (here percent-encoded) or not.
+func TestDiagnoseBundleHidesProxyPassword(t *testing.T) {
+	const password, encoded = "s3cret-Pw!", "s3cret%2DPw%21"
+	closed := testutil.ClosedAddr(t)
+	tests := []struct {
+		name  string
+		env   map[string]string
+		flags []string
+		leak  []string // what the client's log holds, against the rules
+		shown string   // in the bundle's report or config instead
+	}{
+		{
+			name:  "HTTPS_PROXY, percent-encoded",
+			env:   map[string]string{"HTTPS_PROXY": "http://alice:" + encoded + "@" + closed},
+			leak:  []string{"http://alice:" + encoded + "@" + closed, password},
+			shown: "egress proxy http://[redacted]@" + closed,
+		},
+		{
+			name:  "--proxy that does not parse",
+			flags: []string{"--proxy", "http://alice:" + password + " @" + closed},
+			leak:  []string{"http://alice:" + password + " @" + closed},
+			shown: "proxy = http://[redacted]@" + closed,
+		},
+		{
+			name:  "--proxy without a host",
+			flags: []string{"--proxy", "http://alice:" + password},
+			leak:  []string{"http://alice:" + password},
+			shown: "proxy = http://alice:[redacted]",
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			health := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/status":
+					_, _ = w.Write([]byte(`{"tunnel":"acme","server":"tunnels.example.invalid:443"}`))
+				case "/debug/logs":
+					for _, l := range tc.leak {
+						_, _ = fmt.Fprintf(w, "{\"msg\":\"dial\",\"proxy\":%q}\n", l)
+					}
+				default:
+					http.NotFound(w, r)
+				}
+			}))
+			defer health.Close()
+			bundle := filepath.Join(t.TempDir(), "bundle.tar.gz")
+			args := append([]string{"diagnose", "--bundle", bundle, "--timeout", "2s",
+				"--server", "tunnels.example.invalid:443", "--token-file", writeFile(t, "token", "not-a-jwt-token"),
+				"--route", "/=http://" + closed, "--health-addr", strings.TrimPrefix(health.URL, "http://")}, tc.flags...)
+			_, stdout, stderr := runTether(t, tc.env, runners{}, args...)
+			for what, text := range map[string]string{"stdout": stdout, "stderr": stderr} {
+				if strings.Contains(text, password) || strings.Contains(text, encoded) {
+					t.Errorf("%s shows the proxy password:\n%s", what, text)
+				}
+			}
+			f, err := os.Open(bundle)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer f.Close()
+			files := testutil.UntarGz(t, f)
+			if !strings.Contains(files["report.txt"]+files["config.txt"], tc.shown) {
+				t.Errorf("the bundle does not say %q:\n%s\n%s", tc.shown, files["report.txt"], files["config.txt"])
+			}
+			if !strings.Contains(files["logs.txt"], "[redacted]") {
+				t.Errorf("logs.txt = %q, want the password replaced", files["logs.txt"])
+			}
+			for name, data := range files {
+				if strings.Contains(data, password) || strings.Contains(data, encoded) {
+					t.Errorf("bundle file %s holds the proxy password:\n%s", name, data)
+				}
+			}
+		})
 	}
 }

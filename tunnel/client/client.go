@@ -1,7 +1,9 @@
 // Package client is tether's tunnel client: it runs in the customer's
 // cluster, dials out to the tunnel server, keeps one multiplexed TLS
-// connection up, and serves the requests that arrive through it with an
-// in-process router to the configured upstreams.
+// connection up, and connects the server to its routes' upstreams. It runs
+// no HTTP router: the server routes each request, by the routes this client
+// advertised at login (see package proxy), and the client only checks the
+// address it is asked to dial and copies bytes.
 //
 //	c, err := client.New(client.Config{
 //		Server:    "tunnels.example.com:443",
@@ -15,8 +17,9 @@
 // session, the login and the reconnect loop are tether's: the token file is
 // re-read at every login. The client advertises its routes at login; the
 // server routes each request by them and asks the client, on a stream of the
-// session, to connect to the chosen route's upstream, which the client does
-// only for its own routes' upstreams before copying bytes both ways.
+// session, to connect to the chosen route's upstream. The client does so
+// only when the address is the proxy.Route.DialAddr of one of its own
+// routes (the upstream allow-list), then copies bytes both ways.
 //
 // It never dials anything but the tunnel server and the routes' upstreams.
 package client
@@ -47,8 +50,9 @@ type Config struct {
 	// TokenFile holds the JWT; it is re-read at every connect, so a rotated
 	// Kubernetes Secret takes effect without a restart.
 	TokenFile string
-	// Routes are the upstreams requests are forwarded to; nothing else is
-	// ever dialed. Empty: proxy.DefaultRoutes().
+	// Routes are advertised to the server at login, which routes requests
+	// by them; the client dials their upstreams (proxy.Route.DialAddr) and
+	// nothing else. Empty: proxy.DefaultRoutes().
 	Routes []proxy.Route
 	// HealthAddr serves /healthz, /readyz, /status and /metrics. "" = none.
 	HealthAddr string

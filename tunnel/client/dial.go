@@ -51,7 +51,7 @@ func (d *dialer) dial(ctx context.Context) (conn net.Conn, via string, err error
 	}
 	via = "direct"
 	if proxyURL != nil {
-		via = "proxy " + proxyURL.Redacted()
+		via = "proxy " + redactURL(proxyURL)
 	}
 	raw, err := d.dialTCP(ctx, proxyURL, d.cfg.Server)
 	if err != nil {
@@ -113,8 +113,12 @@ func (d *dialer) egressProxy() (proxy *url.URL, why string, err error) {
 	if proxyVar == "" {
 		return nil, "no HTTPS_PROXY or ALL_PROXY in the environment", nil
 	}
-	cfg := httpproxy.Config{HTTPSProxy: proxyValue, NoProxy: noProxy}
-	u, err := cfg.ProxyFunc()(&url.URL{Scheme: "https", Host: d.cfg.Server})
+	// httpproxy only decides whether NO_PROXY (or loopback) exempts the
+	// server, so it gets a stand-in for the value: it ignores a value it
+	// cannot parse (the client would go direct, where only the proxy may
+	// lead out), and its errors would quote the value, password and all.
+	applies := httpproxy.Config{HTTPSProxy: "http://proxy.invalid", NoProxy: noProxy}
+	u, err := applies.ProxyFunc()(&url.URL{Scheme: "https", Host: d.cfg.Server})
 	if err != nil {
 		return nil, "", fmt.Errorf("egress proxy from the environment (%s): %w", proxyVar, err)
 	}
@@ -124,10 +128,27 @@ func (d *dialer) egressProxy() (proxy *url.URL, why string, err error) {
 		}
 		return nil, fmt.Sprintf("%s does not apply to the loopback address %s", proxyVar, d.cfg.Server), nil
 	}
-	if err := checkProxyScheme(u); err != nil {
-		return nil, "", fmt.Errorf("egress proxy from the environment (%s): %w", proxyVar, err)
+	if proxy, err = parseProxyEnv(proxyValue); err != nil {
+		return nil, "", fmt.Errorf("egress proxy from the environment: %s=%s: %w", proxyVar, RedactProxy(proxyValue), err)
 	}
-	return u, proxyVar, nil
+	return proxy, proxyVar, nil
+}
+
+// parseProxyEnv parses a proxy variable as httpproxy does: a URL, or
+// without a scheme HOST:PORT (user:password@ allowed), which means http://.
+// Its errors never hold the value.
+func parseProxyEnv(s string) (*url.URL, error) {
+	u, err := url.Parse(s)
+	if (err != nil || u.Scheme == "" || u.Host == "") && !strings.Contains(s, "://") {
+		u, err = url.Parse("http://" + s)
+	}
+	if err != nil || u.Host == "" {
+		return nil, errors.New("not a proxy URL: want one like http://proxy.corp:3128 (user:password@ for a login; percent-encode @, : and / in them)")
+	}
+	if err := checkProxyScheme(u); err != nil {
+		return nil, err
+	}
+	return u, nil
 }
 
 // parseProxyFlag parses --proxy; "" and "direct" yield nil.
@@ -137,7 +158,9 @@ func parseProxyFlag(s string) (*url.URL, error) {
 	}
 	u, err := url.Parse(s)
 	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("--proxy %q: want a URL like http://proxy.corp:3128, or direct", s)
+		// Never the value as given, nor url.Parse's error, which quotes it:
+		// it may hold the proxy's password.
+		return nil, fmt.Errorf("--proxy %q: want a URL like http://proxy.corp:3128 (user:password@ for a login; percent-encode @, : and / in them), or direct", RedactProxy(s))
 	}
 	if err := checkProxyScheme(u); err != nil {
 		return nil, fmt.Errorf("--proxy: %w", err)
@@ -159,23 +182,23 @@ func (d *dialer) dialProxy(ctx context.Context, u *url.URL, target string) (net.
 	case "socks5", "socks5h":
 		sd, err := xproxy.FromURL(u, &nd)
 		if err != nil {
-			return nil, fmt.Errorf("egress proxy %s: %w", u.Redacted(), err)
+			return nil, fmt.Errorf("egress proxy %s: %w", redactURL(u), err)
 		}
 		conn, err := sd.(xproxy.ContextDialer).DialContext(ctx, "tcp", target)
 		if err != nil {
-			return nil, fmt.Errorf("dial %s through SOCKS5 proxy %s: %w", target, u.Redacted(), err)
+			return nil, fmt.Errorf("dial %s through SOCKS5 proxy %s: %w", target, redactURL(u), err)
 		}
 		return conn, nil
 	}
 	conn, err := nd.DialContext(ctx, "tcp", ProxyAddr(u))
 	if err != nil {
-		return nil, fmt.Errorf("dial egress proxy %s: %w", u.Redacted(), err)
+		return nil, fmt.Errorf("dial egress proxy %s: %w", redactURL(u), err)
 	}
 	if u.Scheme == "https" {
 		tc := tls.Client(conn, &tls.Config{ServerName: u.Hostname(), RootCAs: d.tlsConfig.RootCAs, MinVersion: tls.VersionTLS12})
 		if err := tc.HandshakeContext(ctx); err != nil {
 			_ = conn.Close()
-			return nil, fmt.Errorf("TLS handshake with egress proxy %s: %w", u.Redacted(), explainTLS(err))
+			return nil, fmt.Errorf("TLS handshake with egress proxy %s: %w", redactURL(u), explainTLS(err))
 		}
 		conn = tc
 	}
@@ -213,22 +236,25 @@ func httpConnect(ctx context.Context, conn net.Conn, proxyURL *url.URL, target s
 		req.Header.Set("Proxy-Authorization", "Basic "+cred)
 	}
 	if err := req.Write(conn); err != nil {
-		return fmt.Errorf("send CONNECT to egress proxy %s: %w", proxyURL.Redacted(), err)
+		return fmt.Errorf("send CONNECT to egress proxy %s: %w", redactURL(proxyURL), err)
 	}
 	// The proxy answers before the server says anything (TLS: the client
 	// speaks first), so no tunnel bytes can hide in the reader's buffer.
 	resp, err := http.ReadResponse(bufio.NewReaderSize(conn, 1), req)
 	if err != nil {
-		return fmt.Errorf("read CONNECT answer from egress proxy %s: %w", proxyURL.Redacted(), err)
+		return fmt.Errorf("read CONNECT answer from egress proxy %s: %w", redactURL(proxyURL), err)
 	}
 	_ = resp.Body.Close()
 	switch resp.StatusCode {
 	case http.StatusOK:
 		return nil
 	case http.StatusProxyAuthRequired:
-		return fmt.Errorf("egress proxy %s requires authentication (407): put user:password@ in the proxy URL", proxyURL.Redacted())
+		if proxyURL.User != nil {
+			return fmt.Errorf("egress proxy %s refused the user and password of the proxy URL (407): check them, with @, : and / in them percent-encoded", redactURL(proxyURL))
+		}
+		return fmt.Errorf("egress proxy %s requires authentication (407): put user:password@ in the proxy URL", redactURL(proxyURL))
 	default:
-		return fmt.Errorf("egress proxy %s refused CONNECT to %s: %s", proxyURL.Redacted(), target, resp.Status)
+		return fmt.Errorf("egress proxy %s refused CONNECT to %s: %s", redactURL(proxyURL), target, resp.Status)
 	}
 }
 

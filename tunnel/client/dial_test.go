@@ -45,6 +45,36 @@ func TestEgressProxySelection(t *testing.T) {
 	}
 }
 
+// A proxy variable that does not parse is an error naming the variable (not
+// a silent direct connection), unless NO_PROXY exempts the server anyway.
+func TestEgressProxyFromBadEnvironment(t *testing.T) {
+	const bad = "http://alice:pa ss@proxy.corp:3128"
+	tests := []struct {
+		name    string
+		env     map[string]string
+		wantErr string // "" = direct, no error
+	}{
+		{"HTTPS_PROXY", map[string]string{"HTTPS_PROXY": bad}, "HTTPS_PROXY=http://[redacted]@proxy.corp:3128: not a proxy URL"},
+		{"all_proxy", map[string]string{"all_proxy": "alice:pa ss@proxy.corp:3128"}, "all_proxy=[redacted]@proxy.corp:3128: not a proxy URL"},
+		{"unsupported scheme", map[string]string{"HTTPS_PROXY": "ftp://proxy.corp:21"}, `proxy scheme "ftp" not supported`},
+		{"exempted by NO_PROXY", map[string]string{"HTTPS_PROXY": bad, "NO_PROXY": ".example.com"}, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			d := &dialer{cfg: Config{Server: "tunnels.example.com:443", Getenv: func(k string) string { return tc.env[k] }}}
+			u, _, err := d.egressProxy()
+			switch {
+			case tc.wantErr == "" && (err != nil || u != nil):
+				t.Errorf("egressProxy = %v, %v; want direct", u, err)
+			case tc.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tc.wantErr)):
+				t.Errorf("egressProxy error %v, want one saying %q", err, tc.wantErr)
+			case err != nil && strings.Contains(err.Error(), "pa ss"):
+				t.Errorf("egressProxy error %q shows the password", err)
+			}
+		})
+	}
+}
+
 func TestConfigValidate(t *testing.T) {
 	base := Config{Server: "tunnels.example.com:443", TokenFile: "/var/run/token"}
 	tests := []struct {

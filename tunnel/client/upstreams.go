@@ -27,35 +27,27 @@ const (
 // upstreams connects the server to the routes' upstreams, and to nothing
 // else: the address in a dial request must be one of theirs.
 type upstreams struct {
-	allowed map[string]string // host:port -> adapter name
-	dialer  net.Dialer
+	allowed map[string]string // proxy.Route.DialAddr -> adapter name
+	dial    proxy.DialFunc
 	dials   *prometheus.CounterVec
 }
 
 func newUpstreams(routes []proxy.Route, reg prometheus.Registerer) *upstreams {
+	d := &net.Dialer{Timeout: upstreamDialTimeout, KeepAlive: 30 * time.Second}
 	u := &upstreams{
 		allowed: make(map[string]string),
-		dialer:  net.Dialer{Timeout: upstreamDialTimeout, KeepAlive: 30 * time.Second},
+		dial:    d.DialContext,
 		dials: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_client_upstream_dials_total",
 			Help: "Connections the server asked for to a route's upstream, by adapter and result (ok, refused, not_found, unreachable, timeout, not_allowed, failed).",
 		}, []string{"adapter", "result"}),
 	}
+	// The server's router dials exactly the DialAddr of the route it picked.
 	for _, r := range routes {
-		u.allowed[hostPort(r)] = r.Adapter
+		u.allowed[r.DialAddr()] = r.Adapter
 	}
 	reg.MustRegister(u.dials)
 	return u
-}
-
-// hostPort is the address the server's router dials for a route: the
-// upstream's host with the scheme's default port when none is given.
-func hostPort(r proxy.Route) string {
-	port := r.Upstream.Port()
-	if port == "" {
-		port = map[string]string{"http": "80", "https": "443"}[r.Upstream.Scheme]
-	}
-	return net.JoinHostPort(r.Upstream.Hostname(), port)
 }
 
 // serve answers one dial request on a server-opened stream and then copies
@@ -78,7 +70,7 @@ func (u *upstreams) serve(stream net.Conn, log *zap.Logger) {
 		_ = tunnel.WriteDialReply(stream, tunnel.DialNotAllowed, "not one of this client's route upstreams")
 		return
 	}
-	conn, err := u.dialer.DialContext(context.Background(), "tcp", addr)
+	conn, err := u.dial(context.Background(), "tcp", addr)
 	if err != nil {
 		code, result := dialCode(err)
 		u.dials.WithLabelValues(adapter, result).Inc()

@@ -1,0 +1,137 @@
+package client
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel/server"
+)
+
+// testServer is a real tether server on loopback, serving tunnels at
+// <name>.localhost.
+type testServer struct {
+	*server.Server
+	signer *auth.Signer
+	tunnel string // the tunnel listener, HOST:PORT
+	entry  string // the public HTTP entry, HOST:PORT
+}
+
+func startServer(t *testing.T) *testServer {
+	t.Helper()
+	dir := t.TempDir()
+	priv, pub := filepath.Join(dir, "key.pem"), filepath.Join(dir, "key.pub.pem")
+	if err := auth.GenerateKeyPair(auth.EdDSA, priv, pub); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := auth.LoadSigner(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	keys, err := auth.NewFileKeySource(pub)
+	if err != nil {
+		t.Fatal(err)
+	}
+	v, err := auth.NewVerifier(auth.VerifierConfig{Keys: keys})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := server.Config{TunnelAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Domain: "localhost"}
+	srv, err := server.New(cfg, v, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ls := server.Listeners{Tunnel: listen(t), HTTP: listen(t), Admin: listen(t)}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(ctx, ls) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("server Serve: %v", err)
+		}
+	})
+	return &testServer{Server: srv, signer: signer, tunnel: ls.Tunnel.Addr().String(), entry: ls.HTTP.Addr().String()}
+}
+
+func (s *testServer) tokenFile(t *testing.T, name string) string {
+	t.Helper()
+	tok, err := s.signer.Issue(auth.IssueRequest{Tunnel: name, TTL: time.Hour}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return writeTestFile(t, "token", tok)
+}
+
+func listen(t *testing.T) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ln
+}
+
+// A client serves its tunnel through a real server: requests reach its
+// route's upstream, and when its context ends every goroutine it started
+// ends too (TestMain checks that none is left).
+func TestClientServesThroughServer(t *testing.T) {
+	srv := startServer(t)
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = fmt.Fprintf(w, "backend saw %s", r.URL.Path)
+	}), ReadHeaderTimeout: time.Second}
+	bln := listen(t)
+	go func() { _ = backend.Serve(bln) }()
+	t.Cleanup(func() { _ = backend.Close() })
+
+	c, err := New(Config{
+		Server: srv.tunnel, TokenFile: srv.tokenFile(t, "acme"), Proxy: "direct",
+		TLSFingerprint: srv.Fingerprint(), Routes: []proxy.Route{mustRoute(t, "/=http://"+bln.Addr().String())},
+	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Serve(ctx, nil) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if ok, reason := c.status.readiness(); !ok {
+			return errors.New(reason)
+		}
+		return nil
+	})
+
+	hc := &http.Client{Timeout: 5 * time.Second}
+	defer hc.CloseIdleConnections()
+	for _, path := range []string{"/a", "/b/c"} {
+		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+srv.entry+path, nil)
+		req.Host = "acme.localhost"
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || string(body) != "backend saw "+path {
+			t.Errorf("GET %s through the tunnel: %s %q (%s: %s)", path, resp.Status, body, proxy.ErrorHeader, resp.Header.Get(proxy.ErrorHeader))
+		}
+	}
+}
