@@ -4,6 +4,7 @@ GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/tether-dev/tether/internal/version.Version=$(VERSION)
 FUZZTIME ?= 10s
+BENCH_FLAGS ?=
 GOLANGCI_LINT_VERSION := v2.15.0
 GOBIN   ?= $(shell $(GO) env GOPATH)/bin
 GOLANGCI := $(GOBIN)/golangci-lint
@@ -14,7 +15,7 @@ IMAGE_TAG ?= $(VERSION)
 IMAGE_CONTEXT ?= bin/image
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 
-.PHONY: help build run test lint fmt fuzz bench e2e clean image image-context helm
+.PHONY: help build run test lint fmt fuzz bench bench-compare e2e clean image image-context helm
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -69,8 +70,11 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDialRequest$$' -fuzztime $(FUZZTIME) ./tunnel/
 	$(GO) test -run '^$$' -fuzz '^FuzzDialReply$$' -fuzztime $(FUZZTIME) ./tunnel/
 
-bench: ## Go benchmarks of the request path (see also ../shared/bench)
+bench: ## Go benchmarks of the request path (see also bench-compare)
 	$(GO) test -run '^$$' -bench . -benchmem ./tunnel/server/ ./proxy/
+
+bench-compare: build ## BENCHMARKS.md: tether beside no tunnel, frp, chisel (~20 min; BENCH_FLAGS=-q: quick)
+	bench/compare.sh $(BENCH_FLAGS)
 
 clean: ## remove build output
 	rm -rf bin

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# compare.sh measures tether beside no tunnel, stock frp (HTTP vhost and TCP mode) and chisel in ONE
+# run of the shared peers benchmark, then writes the result into BENCHMARKS.md.
+#
+#   bench/compare.sh [-q] [-r REPS] [-m METRICS] [-o OUTDIR]
+#
+#   -q          quick mode (1 rep, short workloads; a smoke check, not figures to quote)
+#   -r REPS     repetitions (default 3)
+#   -m METRICS  comma list of rps,rate,bulk,streams,mem,setup (default all)
+#   -o OUTDIR   where the run's raw data, logs and summary go (default results/compare-<time>)
+#
+# Needs bin/tether (make build) and the peers benchmark, found at ../shared/bench beside the
+# repository's main checkout or at $BENCH_DIR, installed once with its install.sh.
+# `make bench-compare` builds and runs this.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+CMDLINE="bench/compare.sh${*:+ $*}"
+die() { echo "bench/compare.sh: $*" >&2; exit 1; }
+
+# The main checkout, not this worktree: the shared benchmark sits beside the repository.
+main_checkout() {
+  local common
+  common=$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null) || { echo "$ROOT"; return; }
+  dirname "$common"
+}
+BENCH_DIR=${BENCH_DIR:-$(main_checkout)/../shared/bench}
+TETHER_BIN=$ROOT/bin/tether
+PEERS=direct,frp-http,frp-tcp,chisel,tether
+
+PASS=() OUT=""
+while getopts "qr:m:o:h" o; do
+  case $o in
+    q) PASS+=(-q) ;; r) PASS+=(-r "$OPTARG") ;; m) PASS+=(-m "$OPTARG") ;; o) OUT=$OPTARG ;;
+    h) sed -n "5,10s/^# \{0,1\}//p" "$0"; exit 0 ;;
+    *) sed -n "5,10s/^# \{0,1\}//p" "$0" >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+[ $# -eq 0 ] || die "unexpected argument '$1' (options: -q, -r REPS, -m METRICS, -o OUTDIR)"
+
+[ -x "$BENCH_DIR/run.sh" ] || die "no peers benchmark at $BENCH_DIR (set BENCH_DIR to the directory holding run.sh)"
+BENCH_DIR=$(cd "$BENCH_DIR" && pwd)
+missing=""
+for t in frps frpc chisel vegeta benchtool; do [ -x "$BENCH_DIR/bin/$t" ] || missing="$missing $t"; done
+for t in wrk curl jq python3; do command -v "$t" >/dev/null || missing="$missing $t"; done
+[ -z "$missing" ] || die "peers not installed (missing:$missing): run ../shared/bench/install.sh once ($BENCH_DIR/install.sh)"
+[ -x "$TETHER_BIN" ] || die "no $TETHER_BIN: run make build first (or make bench-compare)"
+
+OUT=${OUT:-$ROOT/results/compare-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+RUN=("$BENCH_DIR/run.sh" -p "$PEERS" "${PASS[@]}" -o "$OUT")
+echo "bench/compare.sh: ${RUN[*]}" >&2
+LOADAVG=$(cut -d' ' -f1-3 /proc/loadavg)
+(cd "$ROOT" && TETHER_BIN=$TETHER_BIN "${RUN[@]}") || die "the benchmark run failed; logs of every process are in $OUT/work"
+[ -s "$OUT/summary.json" ] || die "the run wrote no $OUT/summary.json; see $OUT/work"
+
+python3 "$ROOT/bench/report.py" "$OUT" "$ROOT/BENCHMARKS.md" "$CMDLINE" "TETHER_BIN=bin/tether ${RUN[*]}" "$LOADAVG"
+echo "bench/compare.sh: wrote BENCHMARKS.md from $OUT" >&2
