@@ -221,9 +221,12 @@ func TestFailureModes(t *testing.T) {
 			check:  "upstream /argo-cd", detail: "connection refused", hint: "nothing listens on",
 		},
 		{
-			name:   "an upstream name that does not resolve",
-			mutate: func(t *testing.T, o *Options) { o.Client.Routes = routes(t, "/=http://app-proxy.invalid:8080") },
-			check:  "upstream /", detail: "app-proxy.invalid", hint: "does not resolve: check the service name",
+			name: "an upstream name that does not resolve in the client's pod",
+			mutate: func(t *testing.T, o *Options) {
+				o.Client.Routes = routes(t, "/=http://app-proxy.invalid:8080")
+				o.Client.Getenv = inPod
+			},
+			check: "upstream /", detail: "app-proxy.invalid", hint: "does not resolve: check the service name",
 		},
 		{
 			name:   "the wrong fingerprint",
@@ -270,6 +273,25 @@ func TestFailureModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// inPod is the environment of a Kubernetes pod, as far as diagnose looks.
+func inPod(name string) string {
+	if name == "KUBERNETES_SERVICE_HOST" {
+		return "10.96.0.1"
+	}
+	return ""
+}
+
+// Outside a cluster, a route's service name cannot resolve, and that says
+// nothing about the tunnel: a warning that says where to run diagnose.
+func TestUpstreamNameOutsideACluster(t *testing.T) {
+	srv := startServer(t)
+	cfg := srv.clientConfig(srv.keys.tokenFile(t, "acme", time.Now(), 2*time.Hour), backend(t), t)
+	cfg.Routes = routes(t, "/=http://app-proxy.invalid:8080")
+	cfg.Getenv = func(string) string { return "" }
+	report := diagnoseWith(t, Options{Client: cfg, Resolver: loopbackResolver(t)})
+	wantCheck(t, report, "upstream /", Warn, "app-proxy.invalid", "run diagnose in the client's pod")
 }
 
 // The end-to-end check fails only for what breaks the tunnel: a tether error

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -55,7 +56,13 @@ func (r *run) checkUpstream(ctx context.Context, rt proxy.Route) Check {
 	resp, err := hc.Do(req)
 	took := time.Since(start)
 	if err != nil {
-		return fail(fmt.Sprintf("GET %s: %v (%s)", target, unwrapURLError(err), ms(took)), upstreamHint(rt, err))
+		detail := fmt.Sprintf("GET %s: %v (%s)", target, unwrapURLError(err), ms(took))
+		if de, ok := errors.AsType[*net.DNSError](err); ok && de.IsNotFound && !r.inCluster() {
+			// Service names resolve only inside the cluster: from a laptop
+			// this says nothing about the tunnel.
+			return warn(detail, fmt.Sprintf("%s does not resolve here, and diagnose is not running in a Kubernetes pod (no KUBERNETES_SERVICE_HOST): cluster service names resolve only inside the cluster; run diagnose in the client's pod (kubectl exec <pod> -c tether -- tether diagnose) to check --route %s", rt.Upstream.Hostname(), rt.Prefix))
+		}
+		return fail(detail, upstreamHint(rt, err))
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
@@ -67,6 +74,16 @@ func (r *run) checkUpstream(ctx context.Context, rt proxy.Route) Check {
 		return warn(detail, fmt.Sprintf("the service answers, but not as %s does on %s: check that the route points at the right service and port", rt.Adapter, rt.HealthPath))
 	}
 	return pass(detail)
+}
+
+// inCluster reports whether diagnose runs in a Kubernetes pod, where the
+// routes' service names must resolve.
+func (r *run) inCluster() bool {
+	getenv := r.o.Client.Getenv
+	if getenv == nil {
+		getenv = os.Getenv
+	}
+	return getenv("KUBERNETES_SERVICE_HOST") != ""
 }
 
 func unwrapURLError(err error) error {
