@@ -68,7 +68,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzRoutePath$$' -fuzztime $(FUZZTIME) ./proxy/
 
 bench: ## Go benchmarks of the request path (see also ../shared/bench)
-	$(GO) test -run '^$$' -bench . -benchmem ./tunnel/server/ ./proxy/
+	$(GO) test -run '^$$' -bench . -benchmem ./tunnel/server/ ./tunnel/server/registry/ ./proxy/
 
 clean: ## remove build output
 	rm -rf bin
