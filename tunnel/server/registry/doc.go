@@ -35,13 +35,15 @@
 // Each replica refreshes its entries every Config.Refresh, with a TTL of
 // Config.TTL, and publishes a liveness beat after each refresh. A replica
 // that dies leaves nothing behind: its keys expire in Redis, and the other
-// replicas drop it from their caches when no beat came for a TTL — but only
-// while they are connected to Redis. While Redis is away, every replica
-// keeps the last view it had of the others, keeps the state it wants to
-// write, and retries in the background. When Redis returns, even empty (a
-// restart without persistence, a failover to a fresh server), each replica
-// writes again every entry it holds and announces it, and the caches resync.
-// Redis errors are logged at Warn once per outage, the recovery at Info.
+// replicas drop it from their caches when no beat came for a TTL while Redis
+// kept answering them (a ping proves that when the channel is quiet); a
+// Redis that stops answering says nothing of the others. So while Redis is
+// away, every replica keeps the last view it had of the others, keeps the
+// state it wants to write, and retries in the background. When Redis
+// returns, even empty (a restart without persistence, a failover to a fresh
+// server), each replica writes again every entry it holds and announces it,
+// and the caches resync. Redis errors are logged at Warn once per outage,
+// the recovery at Info.
 //
 // # Keys and messages
 //

@@ -216,6 +216,31 @@ func TestOutageKeepsViewAndRecoversEmpty(t *testing.T) {
 	}
 }
 
+// TestNoExpiryWhileRedisIsAway: a replica whose beats stopped shortly
+// before Redis stopped answering stays in the cache for as long as Redis
+// does not answer — nobody can tell whether it died — and goes once Redis
+// answers again and its TTL has passed.
+func TestNoExpiryWhileRedisIsAway(t *testing.T) {
+	srv := startRedis(t)
+	pa, pb := newPartition(t, srv.addr), newPartition(t, srv.addr)
+	a := runReplica(t, pa.url(), "a")
+	b := runReplica(t, pb.url(), "b")
+	a.Hold("t")
+	ha := a.holder(t, "t")
+	testutil.WaitFor(t, 5*time.Second, func() error { return holdersAre(b, "t", ha) })
+
+	pa.cutOff() // a's beats stop
+	quietFor(t, testTTL/2, func() error { return holdersAre(b, "t", ha) })
+	pb.cutOff() // then Redis stops answering b, before a's TTL is over
+	quietFor(t, 3*testTTL, func() error { return holdersAre(b, "t", ha) })
+
+	pb.heal()
+	testutil.WaitFor(t, 5*testTTL, all(
+		func() error { return holdersAre(b, "t") },
+		func() error { return isUp(b) },
+	))
+}
+
 // TestRestartUnderSameIDDropsOldHolds: a replica that comes back under the
 // same ID (a pod restarted) deletes the holds its previous process left
 // rather than letting them live until the TTL.

@@ -62,8 +62,11 @@ func (r *Redis) follow(ctx context.Context) (connected bool, err error) {
 	// Redis may have come back empty: write every hold again, announced.
 	r.rewriteAll()
 
-	sweep := max(r.cfg.TTL/10, 50*time.Millisecond)
-	heard, pinged := time.Now(), false
+	// The channel is never quiet for long: a ping every sweep while no
+	// message comes proves the connection, and a missing reply ends it.
+	sweep := r.cfg.TTL / 10
+	heard := time.Now()  // when Redis last delivered something
+	var pinged time.Time // when the ping now unanswered was sent
 	resyncWanted, lastResync := false, time.Now()
 	for {
 		msg, err := ps.ReceiveTimeout(ctx, sweep)
@@ -72,27 +75,25 @@ func (r *Redis) follow(ctx context.Context) (connected bool, err error) {
 		case ctx.Err() != nil:
 			return true, ctx.Err()
 		case err == nil:
-			heard, pinged = now, false
+			heard, pinged = now, time.Time{}
 			if !r.apply(msg, now) {
 				resyncWanted = true
 			}
 		case isTimeout(err):
-			// This replica's own beat arrives every Refresh; past that, a
-			// ping tells a quiet channel from a dead connection, and a
-			// whole TTL of silence ends the subscription.
-			if now.Sub(heard) >= r.cfg.TTL {
-				return true, fmt.Errorf("receive from %s: nothing for %v, not even a reply to ping", r.schema.channel, r.cfg.TTL)
-			}
-			if now.Sub(heard) >= r.cfg.Refresh && !pinged {
+			if pinged.IsZero() {
 				if err := ps.Ping(ctx); err != nil {
 					return true, r.explain(fmt.Errorf("ping on %s: %w", r.schema.channel, err))
 				}
-				pinged = true
+				pinged = now
+			} else if now.Sub(pinged) >= r.opTimeout {
+				return true, fmt.Errorf("receive from %s: no reply to ping within %v", r.schema.channel, r.opTimeout)
 			}
 		default:
 			return true, r.explain(fmt.Errorf("receive from %s: %w", r.schema.channel, err))
 		}
-		if gone := r.table.expire(now); len(gone) > 0 {
+		// A replica is dead when its deadline passed while Redis still
+		// delivered: a Redis that stopped answering says nothing about it.
+		if gone := r.table.expire(heard); len(gone) > 0 {
 			r.log.Info("replicas stopped refreshing their tunnels for a TTL; dropped them from the cache",
 				zap.Strings("replicas", gone), zap.Duration("ttl", r.cfg.TTL))
 		}
@@ -124,7 +125,11 @@ func (r *Redis) apply(msg any, now time.Time) bool {
 		if ev.Replica == r.cfg.Replica || ev.Replica == "" {
 			return true
 		}
-		deadline := now.Add(time.Duration(ev.TTLMillis) * time.Millisecond)
+		ttl := time.Duration(ev.TTLMillis) * time.Millisecond
+		if ttl <= 0 {
+			ttl = r.cfg.TTL
+		}
+		deadline := now.Add(ttl)
 		switch ev.Op {
 		case opHold:
 			r.table.applyHold(ev.Tunnel, Holder{Replica: ev.Replica, Addr: ev.Addr, Epoch: ev.Epoch}, deadline)

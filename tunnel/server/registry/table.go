@@ -248,8 +248,8 @@ func (t *table) beat(replica string, deadline time.Time, tunnels int) (consisten
 	return len(p.holds) == tunnels
 }
 
-// expire forgets the replicas whose deadline has passed, and returns their
-// IDs.
+// expire forgets the replicas whose deadline is before now, and returns
+// their IDs.
 func (t *table) expire(now time.Time) (gone []string) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
