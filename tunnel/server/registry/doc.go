@@ -12,10 +12,12 @@
 //		Replica: "tether-server-0",
 //		Addr:    "10.0.3.7:7443", // where the other replicas forward to
 //	}, password, log) // password: ReadPassword(--registry-password-file), or ""
-//	go reg.Run(ctx)          // until ctx ends; then releases what it holds
-//	reg.Hold("acme")         // first session of tunnel acme here
-//	peers := reg.Holders("acme") // other replicas holding acme: a map lookup
-//	reg.Release("acme")      // last session of acme here is gone
+//	metrics.MustRegister(registry.NewCollector(reg))
+//	go reg.Run(ctx)                // until ctx ends; then releases what it holds
+//	reg.Hold("acme")               // the first session of tunnel acme here
+//	peers := reg.Holders("acme")   // the other replicas holding acme: a map lookup
+//	err = reg.Wait(reqCtx, "acme") // nobody holds it: wait briefly for a client to reconnect
+//	reg.Release("acme")            // the last session of acme here is gone
 //
 // Two implementations share the Registry interface. Memory is the default
 // for a single replica: it knows only itself. Redis shares the holds of every
@@ -56,15 +58,17 @@
 //
 // A replica ID contains no ':', so the last ':' of a key separates the
 // tunnel from the replica. Events are {"op":"hold"|"release", "tunnel",
-// "replica", "addr", "epoch", "ttl_ms"} and the beat {"op":"beat", "replica",
-// "addr", "ttl_ms", "tunnels"}, whose count of held tunnels lets a cache that
-// missed an event notice it and resync. Holds are written by a Lua script
-// that sets the key and publishes the event in one step, only when the key
-// does not already hold that value. A release is a Lua compare-and-delete on
-// the epoch, so a release that arrives late never erases a newer hold of the
-// same tunnel by the same replica ID (a quick restart of the same pod, or a
-// reconnect). Two live processes must not share a replica ID: each would
-// overwrite the other's entries.
+// "replica", "addr", "epoch", "ttl_ms"} and the beat {"op":"beat",
+// "replica", "addr", "ttl_ms", "tunnels"}, whose count of held tunnels lets
+// a cache that missed an event notice it and resync. A Lua script writes the
+// holds: it renews a key that already holds the value, and otherwise sets it
+// and publishes the hold event in the same step. A release is a Lua
+// compare-and-delete on the epoch, so a release that arrives late never
+// erases a newer hold of the same tunnel by the same replica ID (a client
+// that reconnected at once, a pod restarted under the same name). A replica
+// deletes the keys that an earlier process left under its ID. Two live
+// processes must not share a replica ID: each would overwrite the other's
+// entries.
 //
 // With Redis ACLs, the registry's user needs the keys {prefix}*, the channel
 // {prefix}events, and the commands GET, SET, PEXPIRE, DEL, PTTL, SCAN,
