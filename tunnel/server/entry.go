@@ -22,6 +22,9 @@ import (
 // to that tunnel's session and nowhere else.
 func (s *Server) serveEntry(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if refused := s.refuseTarget(w, r); refused {
+		return
+	}
 	name, ok := tunnelName(r.Host, s.cfg.Domain)
 	if !ok {
 		s.metrics.unrouted.WithLabelValues("unknown_host").Inc()
@@ -45,6 +48,45 @@ func (s *Server) serveEntry(w http.ResponseWriter, r *http.Request) {
 	forward.ServeHTTP(rec, r)
 	sess.countRequest(rec.Status())
 	s.metrics.requestDuration.WithLabelValues(classLabel(rec.Status())).Observe(time.Since(start).Seconds())
+}
+
+// refuseTarget answers, before any routing, the request targets a tunnel
+// never serves, and reports whether it did.
+//
+// CONNECT gets 405 whatever the tunnel. The entry is no forward proxy, and
+// frp's vhost, which serves stock frpc tunnels, answers CONNECT by joining
+// the connection raw to the tenant's service: whatever that service wrote
+// back could leave the connection looking reusable, with the tenant on the
+// other end.
+//
+// An absolute-form target ("GET http://b.<domain>/ HTTP/1.1") gets 400. Go's
+// server takes the host from the URL and drops the Host header before the
+// handler runs, so a request naming one tunnel in its Host header could
+// reach another, and the two cannot be compared here. Clients send such
+// targets only to forward proxies; an ingress sends origin-form.
+//
+// Refusals are counted, and logged at most once per 10s each, so that a
+// flood of them cannot flood the log.
+func (s *Server) refuseTarget(w http.ResponseWriter, r *http.Request) bool {
+	switch {
+	case r.Method == http.MethodConnect:
+		s.metrics.unrouted.WithLabelValues("connect").Inc()
+		s.refusalLog.Warn("connect request refused", zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
+		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		// The caller wanted a raw tunnel: what it sends next is no request.
+		w.Header().Set("Connection", "close")
+		proxy.WriteError(w, http.StatusMethodNotAllowed, proxy.CodeMethodNotAllowed,
+			"tether: CONNECT is not supported; tunnels serve HTTP requests at <tunnel>."+s.cfg.Domain)
+		return true
+	case r.URL.Host != "" || r.URL.Scheme != "":
+		s.metrics.unrouted.WithLabelValues("absolute_form").Inc()
+		s.refusalLog.Warn("absolute-form request refused", zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
+		proxy.WriteError(w, http.StatusBadRequest, proxy.CodeBadRequest,
+			fmt.Sprintf("tether: bad request: absolute-form target %q; send origin-form (%s /path) with a Host header of <tunnel>.%s",
+				r.RequestURI, r.Method, s.cfg.Domain))
+		return true
+	}
+	return false
 }
 
 // tunnelName extracts N from a Host of N.<domain>, with or without a port.

@@ -90,12 +90,18 @@ func startServer(t testing.TB, mutate ...func(*Config)) *testServer {
 // clock skew (negative: none).
 func startServerLeeway(t testing.TB, leeway time.Duration, mutate ...func(*Config)) *testServer {
 	t.Helper()
+	return startServerLog(t, leeway, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), mutate...)
+}
+
+// startServerLog starts a server that logs to log.
+func startServerLog(t testing.TB, leeway time.Duration, log *zap.Logger, mutate ...func(*Config)) *testServer {
+	t.Helper()
 	k := newKeys(t)
 	cfg := Config{TunnelAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Domain: testDomain}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	srv, err := New(cfg, k.verifier(t, leeway), zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
+	srv, err := New(cfg, k.verifier(t, leeway), log)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -180,6 +180,10 @@ type Server struct {
 	frpVhostAddr string
 	frpTransport *http.Transport
 
+	// refusalLog logs the entry's refusals of CONNECT and absolute-form
+	// targets, sampled: anyone on the internet can send those.
+	refusalLog *zap.Logger
+
 	// proxyErrorLog takes net/http's reverse proxy complaints (a body copy
 	// cut short by a client that left), which are debug noise.
 	proxyErrorLog *stdlog.Logger
@@ -206,6 +210,9 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	}
 	s := &Server{cfg: cfg, verifier: verifier, log: log, registry: NewMemoryRegistry()}
 	s.proxyErrorLog, _ = zap.NewStdLogAt(log.Named("entry"), zapcore.DebugLevel)
+	s.refusalLog = log.Named("entry").WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 1, 0)
+	}))
 	for _, o := range opts {
 		o(s)
 	}
