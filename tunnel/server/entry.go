@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -122,7 +123,9 @@ func (s *Server) forwarder(sess *Session) (http.Handler, error) {
 		return nil, err
 	}
 	if !advertised {
-		return s.frpVhostProxy(), nil
+		transport := vhostTransport()
+		sess.atEnd(transport.CloseIdleConnections)
+		return s.frpVhostProxy(transport), nil
 	}
 	if len(specs) == 0 || len(specs) > maxRoutes {
 		return nil, fmt.Errorf("the client advertised %d routes; want 1 to %d", len(specs), maxRoutes)
@@ -149,8 +152,9 @@ func (s *Server) forwarder(sess *Session) (http.Handler, error) {
 	return router, nil
 }
 
-// frpVhostProxy forwards to frp's HTTP vhost, which routes by Host.
-func (s *Server) frpVhostProxy() http.Handler {
+// frpVhostProxy forwards through transport to frp's HTTP vhost, which
+// routes by Host.
+func (s *Server) frpVhostProxy(transport http.RoundTripper) http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
@@ -161,12 +165,20 @@ func (s *Server) frpVhostProxy() http.Handler {
 				pr.Out.Header[h] = pr.In.Header[h]
 			}
 		},
-		Transport:  s.frpTransport,
+		Transport:  transport,
 		BufferPool: bufferPool{},
 		ErrorLog:   s.proxyErrorLog,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the caller went away; nobody reads an answer
+			}
+			var te interface{ Timeout() bool }
+			var op *net.OpError
+			dialing := errors.As(err, &op) && op.Op == "dial"
+			if errors.As(err, &te) && te.Timeout() && !dialing {
+				proxy.WriteError(w, http.StatusGatewayTimeout, proxy.CodeUpstreamTimeout,
+					fmt.Sprintf("tether: the tunnel's service sent no response headers within %.0fs", vhostResponseHeaderTimeout.Seconds()))
+				return
 			}
 			s.log.Warn("request through frp's vhost failed", zap.String("host", r.Host), zap.Error(err))
 			proxy.WriteError(w, http.StatusBadGateway, "tunnel_error", "tether: the tunnel could not carry the request; retry")

@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"encoding/json"
 	"io"
 	"net"
 	"net/http"
@@ -42,6 +43,18 @@ func rawExchange(t testing.TB, entry, request string) (*http.Response, string) {
 	resp.Body.Close()
 	return resp, string(body)
 }
+
+// headerEcho is an upstream that answers with its name and the request's
+// headers, as JSON.
+func headerEcho(t testing.TB, name string) *httptestServer {
+	t.Helper()
+	return newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = json.NewEncoder(w).Encode(map[string]any{"backend": name, "method": r.Method, "path": r.URL.Path, "header": r.Header})
+	}))
+}
+
+func serverPort(srv *httptestServer) int { return srv.Listener.Addr().(*net.TCPAddr).Port }
 
 // CONNECT is refused with 405 for every host, before any routing (a
 // tunnel that is down or a host that is no tunnel's would answer 503 or 404

@@ -177,8 +177,7 @@ type Server struct {
 	tenancy    *tenancy
 
 	frpConns     *tunnel.ConnListener // streams the gate admitted, for frp
-	frpVhostAddr string
-	frpTransport *http.Transport
+	frpVhostAddr string               // frp's HTTP vhost, for stock frpc tunnels
 
 	// refusalLog logs the entry's refusals of CONNECT and absolute-form
 	// targets, sampled: anyone on the internet can send those.
@@ -293,7 +292,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 		closeAll(ls)
 		return err
 	}
-	s.frpVhostAddr, s.frpTransport = frp.vhostAddr, frp.transport()
+	s.frpVhostAddr = frp.vhostAddr
 
 	entrySrv := &http.Server{
 		Handler:           http.HandlerFunc(s.serveEntry),
