@@ -188,10 +188,13 @@ func (s *Server) frpVhostProxy(transport http.RoundTripper) http.Handler {
 
 var forwardedHeaders = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
-// setForwarded sets X-Forwarded-For/-Host/-Proto on a public request
-// before it is routed, and drops Forwarded and X-Real-Ip. Values a caller
-// sent are kept only when the caller is a trusted proxy (--trusted-proxies);
-// from anyone else they are replaced, so the upstreams can rely on them.
+// setForwarded sets X-Forwarded-For/-Host/-Proto on a public request before
+// it is routed. A trusted proxy's (--trusted-proxies) forwarding headers are
+// kept and extended. From anyone else, every header that tells an upstream
+// about the caller (X-Forwarded-*, Forwarded, X-Real-Ip) is dropped first,
+// so that what the upstreams read comes from tether: a caller's
+// X-Forwarded-Prefix would otherwise reach them, and the router would build
+// its own X-Forwarded-Prefix on it.
 func (s *Server) setForwarded(r *http.Request) {
 	clientIP, _, _ := net.SplitHostPort(r.RemoteAddr)
 	forwardedFor, proto, host := clientIP, "http", r.Host
@@ -210,12 +213,47 @@ func (s *Server) setForwarded(r *http.Request) {
 			host = fh
 		}
 	} else {
-		h.Del("Forwarded")
-		h.Del("X-Real-Ip")
+		for k := range h {
+			if isForwardingHeader(k) {
+				delete(h, k)
+			}
+		}
 	}
 	h.Set("X-Forwarded-For", forwardedFor)
 	h.Set("X-Forwarded-Host", host)
 	h.Set("X-Forwarded-Proto", proto)
+}
+
+// isForwardingHeader reports whether the header named k is X-Forwarded-*,
+// Forwarded or X-Real-Ip, in any case and with '_' for '-': servers that
+// map headers to CGI-style variables (HTTP_X_FORWARDED_PREFIX) read
+// "X-Forwarded_Prefix" as the same header.
+func isForwardingHeader(k string) bool {
+	const xf = "x-forwarded-"
+	return headerIs(k, "forwarded") || headerIs(k, "x-real-ip") ||
+		len(k) > len(xf) && headerIs(k[:len(xf)], xf)
+}
+
+// headerIs reports whether k equals name (lower case) ignoring case, with
+// '_' matching '-'. It does not allocate: it runs for every header of every
+// untrusted request.
+func headerIs(k, name string) bool {
+	if len(k) != len(name) {
+		return false
+	}
+	for i := range len(k) {
+		c := k[i]
+		switch {
+		case c == '_':
+			c = '-'
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		if c != name[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) trusts(ip string) bool {

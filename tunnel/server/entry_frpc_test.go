@@ -16,6 +16,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -453,4 +454,30 @@ func (s *testServer) settledGoroutines(t testing.TB) int {
 		return nil
 	})
 	return last
+}
+
+// TestForwardedHeaders, through a stock frpc: frp's vhost inside the server
+// appends the hop it was reached from (the server itself) to
+// X-Forwarded-For, and sets X-Forwarded-Host and -Proto as tether does.
+func TestForwardedHeadersStockFRPC(t *testing.T) {
+	for _, tc := range []struct {
+		trusted []netip.Prefix
+		cases   []forwardedCase
+	}{
+		{nil, []forwardedCase{
+			fromUntrusted("untrusted caller", "gamma", "/who", "127.0.0.1, 127.0.0.1", "", true),
+		}},
+		{[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, []forwardedCase{
+			{name: "trusted proxy", tunnel: "gamma", path: "/who", spoof: true, headers: map[string]string{
+				"X-Forwarded-For": "1.2.3.4, 127.0.0.1, 127.0.0.1", "X-Forwarded-Port": "8443", "X-Forwarded-Prefix": "/evil",
+				"X-Real-Ip": "1.2.3.4",
+			}},
+		}},
+	} {
+		s := startServer(t, func(c *Config) { c.TrustedProxies = tc.trusted })
+		s.startFRPC(t, "gamma", serverPort(headerEcho(t, "gamma")), frpcOpts{})
+		for _, c := range tc.cases {
+			t.Run(c.name, func(t *testing.T) { s.checkForwarded(t, c) })
+		}
+	}
 }

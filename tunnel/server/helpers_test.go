@@ -174,14 +174,25 @@ func newHTTPTestServer(t testing.TB, h http.Handler) *httptest.Server {
 // upstream, and waits until it is ready.
 func (s *testServer) startClient(t testing.TB, name, upstream string) {
 	t.Helper()
+	s.startClientRoutes(t, name, "/="+upstream)
+}
+
+// startClientRoutes runs a tether client for tunnel name with the given
+// --route specs, one of them for "/", and waits until it is ready.
+func (s *testServer) startClientRoutes(t testing.TB, name string, specs ...string) {
+	t.Helper()
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, s.keys.token(t, name, time.Hour))
-	route, err := proxy.ParseRoute("/=" + upstream)
-	if err != nil {
-		t.Fatal(err)
+	var routes []proxy.Route
+	for _, spec := range specs {
+		route, err := proxy.ParseRoute(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes = append(routes, route)
 	}
 	c, err := client.New(client.Config{
-		Server: s.tunnel, TokenFile: tokenFile, Routes: []proxy.Route{route},
+		Server: s.tunnel, TokenFile: tokenFile, Routes: routes,
 		TLSFingerprint: s.Fingerprint(), Proxy: "direct",
 	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {
