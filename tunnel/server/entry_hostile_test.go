@@ -144,3 +144,44 @@ func TestAbsoluteFormRefused(t *testing.T) {
 		t.Errorf("origin-form: got %d %q, want 200 from alpha", resp.StatusCode, body)
 	}
 }
+
+// /metrics names every tunnel and its traffic: with an admin token it needs
+// the token like /api/; the probes stay open.
+func TestMetricsNeedTheAdminToken(t *testing.T) {
+	tokenFile := t.TempDir() + "/admin-token"
+	writeFile(t, tokenFile, "s3cret-admin")
+	for _, tc := range []struct {
+		name      string
+		tokenFile string
+		auth      string
+		want      int
+	}{
+		{"token configured, none sent", tokenFile, "", http.StatusUnauthorized},
+		{"token configured, wrong one sent", tokenFile, "Bearer s3cret-admiN", http.StatusUnauthorized},
+		{"token configured, not as a bearer", tokenFile, "s3cret-admin", http.StatusUnauthorized},
+		{"token configured and sent", tokenFile, "Bearer s3cret-admin", http.StatusOK},
+		{"no token configured", "", "", http.StatusOK},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := startServer(t, func(c *Config) { c.AdminTokenFile = tc.tokenFile })
+			s.startClient(t, "alpha", backend(t, "alpha").URL)
+			req, _ := http.NewRequest(http.MethodGet, s.admin+"/metrics", nil)
+			if tc.auth != "" {
+				req.Header.Set("Authorization", tc.auth)
+			}
+			code, body, _ := do(t, req)
+			if code != tc.want {
+				t.Fatalf("/metrics: %d, want %d", code, tc.want)
+			}
+			if leaks := strings.Contains(body, `tunnel="alpha"`); leaks != (code == http.StatusOK) {
+				t.Errorf("/metrics answered %d and names tunnel alpha: %v", code, leaks)
+			}
+			for _, path := range []string{"/healthz", "/readyz"} {
+				req, _ := http.NewRequest(http.MethodGet, s.admin+path, nil)
+				if code, _, _ := do(t, req); code != http.StatusOK {
+					t.Errorf("%s: %d, want 200 without a token", path, code)
+				}
+			}
+		})
+	}
+}

@@ -61,7 +61,8 @@ type Config struct {
 	// when they change. Both empty: a self-signed certificate is made at
 	// start and its SHA-256 fingerprint logged.
 	TLSCertFile, TLSKeyFile string
-	// AdminTokenFile holds the bearer token /api/ requires. Required when
+	// AdminTokenFile holds the bearer token that /api/, /metrics and
+	// /debug/pprof/ require (/healthz and /readyz stay open). Required when
 	// AdminAddr is not a loopback address.
 	AdminTokenFile string
 	// TrustedProxies are the networks whose X-Forwarded-* headers the HTTP
@@ -131,7 +132,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together: give both files, or neither for a self-signed certificate"))
 	}
 	if c.AdminTokenFile == "" && !isLoopback(c.AdminAddr) {
-		errs = append(errs, fmt.Errorf("--admin-addr %q is not a loopback address: set --admin-token-file to protect /api/, or listen on 127.0.0.1", c.AdminAddr))
+		errs = append(errs, fmt.Errorf("--admin-addr %q is not a loopback address: set --admin-token-file to protect /api/ and /metrics, or listen on 127.0.0.1", c.AdminAddr))
 	}
 	if c.HeartbeatTimeout < 3*time.Second {
 		errs = append(errs, fmt.Errorf("--heartbeat-timeout %v: want at least 3s", c.HeartbeatTimeout))
