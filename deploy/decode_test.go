@@ -33,6 +33,10 @@ type serviceMonitor struct {
 			Scheme        string `json:"scheme,omitempty"`
 			Interval      string `json:"interval,omitempty"`
 			ScrapeTimeout string `json:"scrapeTimeout,omitempty"`
+			Authorization *struct {
+				Type        string                    `json:"type,omitempty"`
+				Credentials *corev1.SecretKeySelector `json:"credentials,omitempty"`
+			} `json:"authorization,omitempty"`
 		} `json:"endpoints"`
 	} `json:"spec"`
 }

@@ -405,6 +405,61 @@ func checkSecretFile(t *testing.T, pod *corev1.PodSpec, c *corev1.Container, pat
 	t.Errorf("%s is not a file of a mounted Secret volume", path)
 }
 
+// TestServiceMonitorSendsAdminToken: the server requires its admin token on
+// /metrics, so the ServiceMonitor must send exactly the token the server
+// reads, from the Secret and key mounted as its --admin-token-file.
+func TestServiceMonitorSendsAdminToken(t *testing.T) {
+	for name, files := range map[string][]string{"defaults": nil, "all-on": {serverChart.allOn()}} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			m := serverChart.mustTemplate(t, files, "serviceMonitor.enabled=true")
+			cfg, _ := serverConfig(t, m)
+			tokenFile, _ := cfg["admin-token-file"].(string)
+			if tokenFile == "" {
+				t.Fatal("no admin-token-file in the server config")
+			}
+			pod := &m.deployment(t).Spec.Template.Spec
+			secret, key := secretFileSource(t, pod, container(t, pod, "server"), tokenFile)
+			if len(m.serviceMonitors) != 1 || len(m.serviceMonitors[0].Spec.Endpoints) != 1 {
+				t.Fatalf("want one ServiceMonitor with one endpoint; got %d", len(m.serviceMonitors))
+			}
+			ep := m.serviceMonitors[0].Spec.Endpoints[0]
+			a := ep.Authorization
+			if a == nil || a.Credentials == nil {
+				t.Fatalf("ServiceMonitor endpoint %s has no authorization: Prometheus would get 401", ep.Path)
+			}
+			if a.Type != "Bearer" || a.Credentials.Name != secret || a.Credentials.Key != key {
+				t.Errorf("ServiceMonitor authorization %s from Secret %s key %s; want Bearer from Secret %s key %s (the server's --admin-token-file)",
+					a.Type, a.Credentials.Name, a.Credentials.Key, secret, key)
+			}
+		})
+	}
+}
+
+// secretFileSource returns the Secret and key that the file at path in
+// container c comes from.
+func secretFileSource(t *testing.T, pod *corev1.PodSpec, c *corev1.Container, path string) (secret, key string) {
+	t.Helper()
+	dir, file := filepath.Split(path)
+	for _, vm := range c.VolumeMounts {
+		if filepath.Clean(vm.MountPath) != filepath.Clean(dir) {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name != vm.Name || v.Secret == nil {
+				continue
+			}
+			for _, it := range v.Secret.Items {
+				if it.Path == file {
+					return v.Secret.SecretName, it.Key
+				}
+			}
+		}
+	}
+	t.Fatalf("%s is not a file of a mounted Secret volume", path)
+	return "", ""
+}
+
 func TestAdminTokenGeneratedOnce(t *testing.T) {
 	m := serverChart.mustTemplate(t, nil)
 	var token []byte

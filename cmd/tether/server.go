@@ -73,7 +73,7 @@ clients are accepted, in-flight requests get --shutdown-timeout to finish.`,
 	fl.StringVar(&opts.JWTAudience, "jwt-audience", "", "require this aud claim")
 	fl.StringVar(&opts.TLSCert, "tls-cert", "", "tunnel listener certificate (PEM); re-read when it changes")
 	fl.StringVar(&opts.TLSKey, "tls-key", "", "tunnel listener private key (PEM)")
-	fl.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token /api/ requires")
+	fl.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token that /api/ and /metrics require (/healthz and /readyz stay open)")
 	fl.StringSliceVar(&opts.TrustedProxies, "trusted-proxies", nil, "CIDRs (or IPs) of proxies in front of --http-addr whose X-Forwarded-* headers are kept")
 	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 60*time.Second, "drop a client connection that stays silent this long (a client that returns takes its route over at once anyway)")
 	fl.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may take before tunnels close")

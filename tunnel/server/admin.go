@@ -15,8 +15,12 @@ import (
 //	GET /healthz      200 while the process runs
 //	GET /readyz       200 while serving, 503 before start-up completes and while draining
 //	GET /metrics      Prometheus
-//	GET /api/tunnels  JSON list of connected tunnels (bearer token unless the admin address is loopback)
-//	GET /debug/pprof/ Go profiles (same protection as /api/)
+//	GET /api/tunnels  JSON list of connected tunnels
+//	GET /debug/pprof/ Go profiles
+//
+// When an admin token is configured, every endpoint but the probes
+// (/healthz, /readyz) requires it: /metrics names every tunnel and its
+// traffic, which one tenant must not learn about another.
 func (s *Server) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -32,9 +36,9 @@ func (s *Server) adminHandler() http.Handler {
 			writeText(w, http.StatusOK, "ready")
 		}
 	})
-	mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	mux.Handle("GET /metrics", s.requireAdminToken(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))
 	mux.Handle("GET /api/tunnels", s.requireAdminToken(http.HandlerFunc(s.listTunnels)))
-	// Profiles for an operator chasing CPU or memory, behind the admin token.
+	// Profiles for an operator chasing CPU or memory.
 	mux.Handle("GET /debug/pprof/", s.requireAdminToken(http.HandlerFunc(pprof.Index)))
 	mux.Handle("GET /debug/pprof/profile", s.requireAdminToken(http.HandlerFunc(pprof.Profile)))
 	return mux

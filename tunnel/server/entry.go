@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -22,6 +23,9 @@ import (
 // to that tunnel's session and nowhere else.
 func (s *Server) serveEntry(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
+	if refused := s.refuseTarget(w, r); refused {
+		return
+	}
 	name, ok := tunnelName(r.Host, s.cfg.Domain)
 	if !ok {
 		s.metrics.unrouted.WithLabelValues("unknown_host").Inc()
@@ -45,6 +49,45 @@ func (s *Server) serveEntry(w http.ResponseWriter, r *http.Request) {
 	forward.ServeHTTP(rec, r)
 	sess.countRequest(rec.Status())
 	s.metrics.requestDuration.WithLabelValues(classLabel(rec.Status())).Observe(time.Since(start).Seconds())
+}
+
+// refuseTarget answers, before any routing, the request targets a tunnel
+// never serves, and reports whether it did.
+//
+// CONNECT gets 405 whatever the tunnel. The entry is no forward proxy, and
+// frp's vhost, which serves stock frpc tunnels, answers CONNECT by joining
+// the connection raw to the tenant's service: whatever that service wrote
+// back could leave the connection looking reusable, with the tenant on the
+// other end.
+//
+// An absolute-form target ("GET http://b.<domain>/ HTTP/1.1") gets 400. Go's
+// server takes the host from the URL and drops the Host header before the
+// handler runs, so a request naming one tunnel in its Host header could
+// reach another, and the two cannot be compared here. Clients send such
+// targets only to forward proxies; an ingress sends origin-form.
+//
+// Refusals are counted, and logged at most once per 10s each, so that a
+// flood of them cannot flood the log.
+func (s *Server) refuseTarget(w http.ResponseWriter, r *http.Request) bool {
+	switch {
+	case r.Method == http.MethodConnect:
+		s.metrics.unrouted.WithLabelValues("connect").Inc()
+		s.refusalLog.Warn("connect request refused", zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
+		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		// The caller wanted a raw tunnel: what it sends next is no request.
+		w.Header().Set("Connection", "close")
+		proxy.WriteError(w, http.StatusMethodNotAllowed, proxy.CodeMethodNotAllowed,
+			"tether: CONNECT is not supported; tunnels serve HTTP requests at <tunnel>."+s.cfg.Domain)
+		return true
+	case r.URL.Host != "" || r.URL.Scheme != "":
+		s.metrics.unrouted.WithLabelValues("absolute_form").Inc()
+		s.refusalLog.Warn("absolute-form request refused", zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
+		proxy.WriteError(w, http.StatusBadRequest, proxy.CodeBadRequest,
+			fmt.Sprintf("tether: bad request: absolute-form target %q; send origin-form (%s /path) with a Host header of <tunnel>.%s",
+				r.RequestURI, r.Method, s.cfg.Domain))
+		return true
+	}
+	return false
 }
 
 // tunnelName extracts N from a Host of N.<domain>, with or without a port.
@@ -80,7 +123,9 @@ func (s *Server) forwarder(sess *Session) (http.Handler, error) {
 		return nil, err
 	}
 	if !advertised {
-		return s.frpVhostProxy(), nil
+		transport := vhostTransport()
+		sess.atEnd(transport.CloseIdleConnections)
+		return s.frpVhostProxy(transport), nil
 	}
 	if len(specs) == 0 || len(specs) > maxRoutes {
 		return nil, fmt.Errorf("the client advertised %d routes; want 1 to %d", len(specs), maxRoutes)
@@ -107,8 +152,9 @@ func (s *Server) forwarder(sess *Session) (http.Handler, error) {
 	return router, nil
 }
 
-// frpVhostProxy forwards to frp's HTTP vhost, which routes by Host.
-func (s *Server) frpVhostProxy() http.Handler {
+// frpVhostProxy forwards through transport to frp's HTTP vhost, which
+// routes by Host.
+func (s *Server) frpVhostProxy(transport http.RoundTripper) http.Handler {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
@@ -119,12 +165,20 @@ func (s *Server) frpVhostProxy() http.Handler {
 				pr.Out.Header[h] = pr.In.Header[h]
 			}
 		},
-		Transport:  s.frpTransport,
+		Transport:  transport,
 		BufferPool: bufferPool{},
 		ErrorLog:   s.proxyErrorLog,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the caller went away; nobody reads an answer
+			}
+			var te interface{ Timeout() bool }
+			var op *net.OpError
+			dialing := errors.As(err, &op) && op.Op == "dial"
+			if errors.As(err, &te) && te.Timeout() && !dialing {
+				proxy.WriteError(w, http.StatusGatewayTimeout, proxy.CodeUpstreamTimeout,
+					fmt.Sprintf("tether: the tunnel's service sent no response headers within %.0fs", vhostResponseHeaderTimeout.Seconds()))
+				return
 			}
 			s.log.Warn("request through frp's vhost failed", zap.String("host", r.Host), zap.Error(err))
 			proxy.WriteError(w, http.StatusBadGateway, "tunnel_error", "tether: the tunnel could not carry the request; retry")
@@ -134,10 +188,13 @@ func (s *Server) frpVhostProxy() http.Handler {
 
 var forwardedHeaders = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
-// setForwarded sets X-Forwarded-For/-Host/-Proto on a public request
-// before it is routed, and drops Forwarded and X-Real-Ip. Values a caller
-// sent are kept only when the caller is a trusted proxy (--trusted-proxies);
-// from anyone else they are replaced, so the upstreams can rely on them.
+// setForwarded sets X-Forwarded-For/-Host/-Proto on a public request before
+// it is routed. A trusted proxy's (--trusted-proxies) forwarding headers are
+// kept and extended. From anyone else, every header that tells an upstream
+// about the caller (X-Forwarded-*, Forwarded, X-Real-Ip) is dropped first,
+// so that what the upstreams read comes from tether: a caller's
+// X-Forwarded-Prefix would otherwise reach them, and the router would build
+// its own X-Forwarded-Prefix on it.
 func (s *Server) setForwarded(r *http.Request) {
 	clientIP, _, _ := net.SplitHostPort(r.RemoteAddr)
 	forwardedFor, proto, host := clientIP, "http", r.Host
@@ -156,12 +213,47 @@ func (s *Server) setForwarded(r *http.Request) {
 			host = fh
 		}
 	} else {
-		h.Del("Forwarded")
-		h.Del("X-Real-Ip")
+		for k := range h {
+			if isForwardingHeader(k) {
+				delete(h, k)
+			}
+		}
 	}
 	h.Set("X-Forwarded-For", forwardedFor)
 	h.Set("X-Forwarded-Host", host)
 	h.Set("X-Forwarded-Proto", proto)
+}
+
+// isForwardingHeader reports whether the header named k is X-Forwarded-*,
+// Forwarded or X-Real-Ip, in any case and with '_' for '-': servers that
+// map headers to CGI-style variables (HTTP_X_FORWARDED_PREFIX) read
+// "X-Forwarded_Prefix" as the same header.
+func isForwardingHeader(k string) bool {
+	const xf = "x-forwarded-"
+	return headerIs(k, "forwarded") || headerIs(k, "x-real-ip") ||
+		len(k) > len(xf) && headerIs(k[:len(xf)], xf)
+}
+
+// headerIs reports whether k equals name (lower case) ignoring case, with
+// '_' matching '-'. It does not allocate: it runs for every header of every
+// untrusted request.
+func headerIs(k, name string) bool {
+	if len(k) != len(name) {
+		return false
+	}
+	for i := range len(k) {
+		c := k[i]
+		switch {
+		case c == '_':
+			c = '-'
+		case 'A' <= c && c <= 'Z':
+			c += 'a' - 'A'
+		}
+		if c != name[i] {
+			return false
+		}
+	}
+	return true
 }
 
 func (s *Server) trusts(ip string) bool {

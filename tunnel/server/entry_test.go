@@ -1,6 +1,7 @@
 package server
 
 import (
+	"encoding/json"
 	"net/http"
 	"net/netip"
 	"strings"
@@ -55,31 +56,120 @@ func TestEntryAnswersForUnknownHostsAndDownTunnels(t *testing.T) {
 	}
 }
 
-func TestForwardedHeaders(t *testing.T) {
-	tests := []struct {
-		name    string
-		trusted []netip.Prefix
-		xff     string
-		want    string
-	}{
-		{"spoofed value from an untrusted caller is replaced", nil, "1.2.3.4", "xff=127.0.0.1"},
-		{"a trusted proxy's value is kept and extended", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, "1.2.3.4", "xff=1.2.3.4, 127.0.0.1"},
-		{"no value", nil, "", "xff=127.0.0.1"},
+// spoofedForwarding are forwarding headers a caller makes up: its address,
+// host, scheme, port, path prefix.
+var spoofedForwarding = map[string]string{
+	"X-Forwarded-For":    "1.2.3.4",
+	"X-Forwarded-Host":   "evil.example",
+	"X-Forwarded-Proto":  "https",
+	"X-Forwarded-Prefix": "/evil",
+	"X-Forwarded-Port":   "8443",
+	"X-Forwarded-Server": "evil.example",
+	"X-Forwarded-Ssl":    "on",
+	"X-Forwarded-Scheme": "https",
+	"X-Forwarded_Uri":    "/evil/uri", // CGI-style servers read '_' as '-'
+	"x_forwarded_user":   "admin",
+	"Forwarded":          "for=1.2.3.4;host=evil.example;proto=https",
+	"X-Real-Ip":          "1.2.3.4",
+}
+
+// forwardedCase is a request to the entry and the forwarding headers its
+// upstream must see. The upstream is a headerEcho.
+type forwardedCase struct {
+	name, tunnel, path string
+	spoof              bool              // send spoofedForwarding
+	headers            map[string]string // exact values the upstream must see ("" = absent)
+	onlyOurs           bool              // no forwarding header but those in headers may reach the upstream
+}
+
+// fromUntrusted is what the upstream of tunnel must see when an untrusted
+// caller sends a request: tether's X-Forwarded-For (xff), -Host and -Proto,
+// X-Forwarded-Prefix only when a stripped prefix sets it, nothing else.
+func fromUntrusted(name, tunnel, path, xff, prefix string, spoof bool) forwardedCase {
+	return forwardedCase{name: name, tunnel: tunnel, path: path, spoof: spoof, onlyOurs: true, headers: map[string]string{
+		"X-Forwarded-For": xff, "X-Forwarded-Host": tunnel + "." + testDomain, "X-Forwarded-Proto": "http",
+		"X-Forwarded-Prefix": prefix,
+	}}
+}
+
+func (s *testServer) checkForwarded(t *testing.T, tc forwardedCase) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, s.entry+tc.path, nil)
+	req.Host = tc.tunnel + "." + testDomain
+	if tc.spoof {
+		for k, v := range spoofedForwarding {
+			req.Header[k] = []string{v}
+		}
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			s := startServer(t, func(c *Config) { c.TrustedProxies = tc.trusted })
-			s.startClient(t, "alpha", backend(t, "alpha").URL)
-			req, _ := http.NewRequest(http.MethodGet, s.entry+"/", nil)
-			req.Host = "alpha." + testDomain
-			if tc.xff != "" {
-				req.Header.Set("X-Forwarded-For", tc.xff)
-			}
-			_, body, _ := do(t, req)
-			if !strings.HasSuffix(body, tc.want) {
-				t.Errorf("backend saw %q, want it to end with %q", body, tc.want)
-			}
-		})
+	code, body, _ := do(t, req)
+	var got struct{ Header http.Header }
+	if err := json.Unmarshal([]byte(body), &got); code != http.StatusOK || err != nil {
+		t.Fatalf("got %d %q, want the upstream's echo", code, body)
+	}
+	for h, v := range tc.headers {
+		if g := strings.Join(got.Header.Values(h), ", "); g != v {
+			t.Errorf("upstream got %s %q, want %q", h, g, v)
+		}
+	}
+	if !tc.onlyOurs {
+		return
+	}
+	for k, v := range got.Header {
+		if _, ours := tc.headers[http.CanonicalHeaderKey(k)]; isForwardingHeader(k) && !ours {
+			t.Errorf("upstream got %s %q from an untrusted caller; want it dropped", k, v)
+		}
+	}
+}
+
+// The upstream learns who called from X-Forwarded-For/-Host/-Proto, set by
+// tether. Every forwarding header from a caller outside --trusted-proxies
+// is dropped, so an upstream never reads a caller's claim about its address,
+// host, port, scheme or path prefix; a trusted proxy's are kept. Stock frpc
+// tunnels: TestForwardedHeadersStockFRPC.
+func TestForwardedHeaders(t *testing.T) {
+	for _, tc := range []struct {
+		trusted []netip.Prefix
+		cases   []forwardedCase
+	}{
+		{nil, []forwardedCase{
+			fromUntrusted("untrusted caller", "alpha", "/who", "127.0.0.1", "", true),
+			// The router sets X-Forwarded-Prefix for a stripped prefix: on
+			// its own value, not on the caller's.
+			fromUntrusted("untrusted caller, stripped prefix", "alpha", "/app/who", "127.0.0.1", "/app", true),
+			fromUntrusted("no forwarding headers", "alpha", "/who", "127.0.0.1", "", false),
+		}},
+		{[]netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, []forwardedCase{
+			// As before: kept and extended; the router drops Forwarded, which
+			// no hop vouches for.
+			{name: "trusted proxy", tunnel: "alpha", path: "/who", spoof: true, headers: map[string]string{
+				"X-Forwarded-For": "1.2.3.4, 127.0.0.1", "X-Forwarded-Host": "evil.example", "X-Forwarded-Proto": "https",
+				"X-Forwarded-Port": "8443", "X-Forwarded-Ssl": "on", "X-Real-Ip": "1.2.3.4", "Forwarded": "",
+			}},
+			{name: "trusted proxy, stripped prefix", tunnel: "alpha", path: "/app/who", spoof: true, headers: map[string]string{
+				"X-Forwarded-Prefix": "/evil/app",
+			}},
+		}},
+	} {
+		s := startServer(t, func(c *Config) { c.TrustedProxies = tc.trusted })
+		upstream := headerEcho(t, "alpha")
+		s.startClientRoutes(t, "alpha", "/="+upstream.URL, "/app="+upstream.URL+"/")
+		for _, c := range tc.cases {
+			t.Run(c.name, func(t *testing.T) { s.checkForwarded(t, c) })
+		}
+	}
+}
+
+func TestIsForwardingHeader(t *testing.T) {
+	for k, want := range map[string]bool{
+		"X-Forwarded-For": true, "X-Forwarded-Prefix": true, "x-forwarded-port": true, "X-FORWARDED-SSL": true,
+		"X_Forwarded_Host": true, "X-Forwarded_Uri": true, "Forwarded": true, "forwarded": true,
+		"X-Real-Ip": true, "X_REAL_IP": true,
+		"X-Forwarded": false, "X-Forwarded-": false, "X-Forwardedfor": false, "Forwarded-For": false,
+		"X-Real-Ip-2": false, "Authorization": false, "": false,
+	} {
+		if got := isForwardingHeader(k); got != want {
+			t.Errorf("isForwardingHeader(%q) = %v, want %v", k, got, want)
+		}
 	}
 }
 
@@ -128,13 +218,8 @@ func TestAdminAPI(t *testing.T) {
 	if code != http.StatusOK || !strings.Contains(body, `"name": "alpha"`) || !strings.Contains(body, `"account": "acct-alpha"`) {
 		t.Errorf("/api/tunnels: %d %s", code, body)
 	}
-	for _, path := range []string{"/healthz", "/readyz", "/metrics"} {
-		req, _ := http.NewRequest(http.MethodGet, s.admin+path, nil)
-		if code, _, _ := do(t, req); code != http.StatusOK {
-			t.Errorf("%s: %d, want 200 without a token", path, code)
-		}
-	}
 	req, _ = http.NewRequest(http.MethodGet, s.admin+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer s3cret-admin")
 	_, metrics, _ := do(t, req)
 	for _, want := range []string{"tether_tunnels_connected 1", `tether_tunnel_bytes_total{direction="in",tunnel="alpha"}`} {
 		if !strings.Contains(metrics, want) {

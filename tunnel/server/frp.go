@@ -20,6 +20,23 @@ import (
 // (login, proxies, work connections) on the streams the gate admits, and its
 // HTTP vhost on a loopback port, through which stock frpc clients are
 // reached. It never accepts client connections itself.
+//
+// What frp listens on, all on 127.0.0.1:
+//
+//   - its HTTP vhost, on a port of its own (vhostAddr): the entry's way to a
+//     stock frpc's proxy. It must not share frp's bind port: there, frp
+//     puts a port muxer that sends a connection to the vhost only when its
+//     first bytes look like a common HTTP method, and hands anything else
+//     (PROPFIND, MKCOL, a custom method) or "GET /~!frp" (frp's websocket
+//     path) to frp's own client listeners, which nobody accepts from since
+//     tether never calls frp's Run: such a request hung and leaked a socket
+//     and a goroutine.
+//   - its bind port, an ephemeral one, with that muxer: frp.NewService always
+//     listens there and offers no way to close it alone. It carries nothing
+//     (the gate hands frp its streams in-process, through HandleListener) and
+//     only a process in the server's own network namespace can reach it. A
+//     connection there is read for up to 10s, then held unanswered until the
+//     server stops; Service.Close would free it, but also stops frp.
 type embeddedFRP struct {
 	svc       *frpserver.Service
 	vhostAddr string // 127.0.0.1:port of frp's HTTP vhost
@@ -27,22 +44,28 @@ type embeddedFRP struct {
 	done      chan struct{} // closed when frp stops taking streams
 }
 
+// frpVhostTimeout is frp's own bound on a stock frpc service's response
+// headers (VhostHTTPTimeout, in seconds). It is longer than tether's
+// (vhostResponseHeaderTimeout), so that tether's fires first and the caller
+// gets tether's 504 with its error code rather than frp's bare one.
+const frpVhostTimeout = 70
+
 // startFRP starts frp with the auth plugin at pluginURL and feeds it the
-// streams of conns. frp listens on a port of its own (its vhost shares it),
-// so a free loopback port is picked; a lost race for it is retried.
+// streams of conns. frp's vhost needs a port number up front, so a free
+// loopback port is picked; a lost race for it is retried.
 func startFRP(domain, pluginAddr, pluginPath string, ops []string, conns *tunnel.ConnListener) (*embeddedFRP, error) {
 	var lastErr error
 	for range 5 {
-		port, err := freeLoopbackPort()
+		vhostPort, err := freeLoopbackPort()
 		if err != nil {
 			return nil, err
 		}
 		cfg := &v1.ServerConfig{
-			BindAddr:      "127.0.0.1",
-			BindPort:      port,
-			ProxyBindAddr: "127.0.0.1",
-			VhostHTTPPort: port,
-			SubDomainHost: domain,
+			BindAddr:         "127.0.0.1",
+			ProxyBindAddr:    "127.0.0.1",
+			VhostHTTPPort:    vhostPort,
+			VhostHTTPTimeout: frpVhostTimeout,
+			SubDomainHost:    domain,
 			Transport: v1.ServerTransportConfig{
 				// The gate owns TLS and multiplexing; frp sees single streams.
 				TCPMux: new(false),
@@ -60,13 +83,18 @@ func startFRP(domain, pluginAddr, pluginPath string, ops []string, conns *tunnel
 		if err := cfg.Complete(); err != nil {
 			return nil, fmt.Errorf("complete frp server config: %w", err)
 		}
+		// Complete makes an empty bind port 7000; 0 lets the kernel pick
+		// a port of its own. Should it pick the vhost's, the vhost cannot
+		// listen and NewService fails (leaving its bind listener open:
+		// frp does not close it on that path); the next round retries.
+		cfg.BindPort = 0
 		svc, err := frpserver.NewService(cfg)
 		if err != nil {
 			lastErr = err
 			continue
 		}
 		f := &embeddedFRP{
-			svc: svc, vhostAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)),
+			svc: svc, vhostAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(vhostPort)),
 			conns: conns, done: make(chan struct{}),
 		}
 		go func() {
@@ -85,11 +113,26 @@ func (f *embeddedFRP) Close() {
 	_ = f.svc.Close()
 }
 
-// transport is the HTTP transport to frp's vhost, for stock frpc tunnels.
-func (f *embeddedFRP) transport() *http.Transport {
+// vhostResponseHeaderTimeout bounds the wait for a stock frpc service's
+// response headers: 60s, the bound of a tether client's default route
+// (the app-proxy adapter), so a tunnel answers alike whichever client
+// serves it. frp's own bound (frpVhostTimeout) is longer.
+const vhostResponseHeaderTimeout = 60 * time.Second
+
+// vhostTransport returns a new HTTP transport to frp's vhost. Each stock
+// frpc session gets its own, closed when the session ends: a pooled
+// connection to the vhost is never shared by two tunnels, so whatever one
+// tenant's service does to a connection (frp joins a CONNECT raw to the
+// tenant's work connection, and an answer that looks complete would return
+// it to the pool) cannot reach another tenant's requests.
+func vhostTransport() *http.Transport {
 	return &http.Transport{
-		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
+		DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+		ResponseHeaderTimeout: vhostResponseHeaderTimeout,
+		// A tunnel's idle pool: enough for a busy tunnel's concurrency on
+		// loopback, small enough that thousands of tunnels stay cheap.
+		MaxIdleConnsPerHost: 64,
+		IdleConnTimeout:     60 * time.Second,
 		DisableCompression:  true,
 	}
 }

@@ -90,12 +90,18 @@ func startServer(t testing.TB, mutate ...func(*Config)) *testServer {
 // clock skew (negative: none).
 func startServerLeeway(t testing.TB, leeway time.Duration, mutate ...func(*Config)) *testServer {
 	t.Helper()
+	return startServerLog(t, leeway, zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), mutate...)
+}
+
+// startServerLog starts a server that logs to log.
+func startServerLog(t testing.TB, leeway time.Duration, log *zap.Logger, mutate ...func(*Config)) *testServer {
+	t.Helper()
 	k := newKeys(t)
 	cfg := Config{TunnelAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Domain: testDomain}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	srv, err := New(cfg, k.verifier(t, leeway), zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)))
+	srv, err := New(cfg, k.verifier(t, leeway), log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,14 +174,25 @@ func newHTTPTestServer(t testing.TB, h http.Handler) *httptest.Server {
 // upstream, and waits until it is ready.
 func (s *testServer) startClient(t testing.TB, name, upstream string) {
 	t.Helper()
+	s.startClientRoutes(t, name, "/="+upstream)
+}
+
+// startClientRoutes runs a tether client for tunnel name with the given
+// --route specs, one of them for "/", and waits until it is ready.
+func (s *testServer) startClientRoutes(t testing.TB, name string, specs ...string) {
+	t.Helper()
 	tokenFile := filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, s.keys.token(t, name, time.Hour))
-	route, err := proxy.ParseRoute("/=" + upstream)
-	if err != nil {
-		t.Fatal(err)
+	var routes []proxy.Route
+	for _, spec := range specs {
+		route, err := proxy.ParseRoute(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		routes = append(routes, route)
 	}
 	c, err := client.New(client.Config{
-		Server: s.tunnel, TokenFile: tokenFile, Routes: []proxy.Route{route},
+		Server: s.tunnel, TokenFile: tokenFile, Routes: routes,
 		TLSFingerprint: s.Fingerprint(), Proxy: "direct",
 	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {

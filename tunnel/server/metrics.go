@@ -54,7 +54,7 @@ func newMetrics(registry Registry) *metrics {
 		}, []string{"result"}),
 		unrouted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_http_unrouted_requests_total",
-			Help: "Public HTTP requests answered by tether itself: unknown_host (404) or tunnel_down (503).",
+			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), connect (405: CONNECT), absolute_form (400: absolute-form target).",
 		}, []string{"reason"}),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tether_http_request_duration_seconds",

@@ -61,7 +61,8 @@ type Config struct {
 	// when they change. Both empty: a self-signed certificate is made at
 	// start and its SHA-256 fingerprint logged.
 	TLSCertFile, TLSKeyFile string
-	// AdminTokenFile holds the bearer token /api/ requires. Required when
+	// AdminTokenFile holds the bearer token that /api/, /metrics and
+	// /debug/pprof/ require (/healthz and /readyz stay open). Required when
 	// AdminAddr is not a loopback address.
 	AdminTokenFile string
 	// TrustedProxies are the networks whose X-Forwarded-* headers the HTTP
@@ -131,7 +132,7 @@ func (c *Config) Validate() error {
 		errs = append(errs, errors.New("--tls-cert and --tls-key go together: give both files, or neither for a self-signed certificate"))
 	}
 	if c.AdminTokenFile == "" && !isLoopback(c.AdminAddr) {
-		errs = append(errs, fmt.Errorf("--admin-addr %q is not a loopback address: set --admin-token-file to protect /api/, or listen on 127.0.0.1", c.AdminAddr))
+		errs = append(errs, fmt.Errorf("--admin-addr %q is not a loopback address: set --admin-token-file to protect /api/ and /metrics, or listen on 127.0.0.1", c.AdminAddr))
 	}
 	if c.HeartbeatTimeout < 3*time.Second {
 		errs = append(errs, fmt.Errorf("--heartbeat-timeout %v: want at least 3s", c.HeartbeatTimeout))
@@ -177,8 +178,11 @@ type Server struct {
 	tenancy    *tenancy
 
 	frpConns     *tunnel.ConnListener // streams the gate admitted, for frp
-	frpVhostAddr string
-	frpTransport *http.Transport
+	frpVhostAddr string               // frp's HTTP vhost, for stock frpc tunnels
+
+	// refusalLog logs the entry's refusals of CONNECT and absolute-form
+	// targets, sampled: anyone on the internet can send those.
+	refusalLog *zap.Logger
 
 	// proxyErrorLog takes net/http's reverse proxy complaints (a body copy
 	// cut short by a client that left), which are debug noise.
@@ -206,6 +210,9 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	}
 	s := &Server{cfg: cfg, verifier: verifier, log: log, registry: NewMemoryRegistry()}
 	s.proxyErrorLog, _ = zap.NewStdLogAt(log.Named("entry"), zapcore.DebugLevel)
+	s.refusalLog = log.Named("entry").WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 1, 0)
+	}))
 	for _, o := range opts {
 		o(s)
 	}
@@ -286,7 +293,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 		closeAll(ls)
 		return err
 	}
-	s.frpVhostAddr, s.frpTransport = frp.vhostAddr, frp.transport()
+	s.frpVhostAddr = frp.vhostAddr
 
 	entrySrv := &http.Server{
 		Handler:           http.HandlerFunc(s.serveEntry),
