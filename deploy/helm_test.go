@@ -79,6 +79,8 @@ func TestRequiredValuesFailClearly(t *testing.T) {
 		{serverChart, append(serverChart.required, "tls.cert=x"), "tls.cert and tls.key go together"},
 		{serverChart, append(serverChart.required, "drain.marginSeconds=0"), "drain.marginSeconds must be positive"},
 		{serverChart, append(serverChart.required, "podAntiAffinity=always"), `podAntiAffinity "always" is not one of`},
+		{clientChart, append(clientChart.required, "connections=0"), "connections is 0: want 1 to 16"},
+		{clientChart, append(clientChart.required, "connections=17"), "connections is 17: want 1 to 16"},
 		{clientChart, []string{"token.existingSecret=t"}, "server is required"},
 		{clientChart, []string{"server=s:1"}, "a token is required"},
 		{clientChart, append(clientChart.required, "tls.caConfigMap=a", "tls.caSecret=b"), "tls.caConfigMap and tls.caSecret are exclusive"},
@@ -593,7 +595,7 @@ func TestClientDeployment(t *testing.T) {
 			checkClientContainer(t, pod, c)
 			checkSecretsAreFiles(t, m, pod)
 			if *d.Spec.Replicas != 1 {
-				t.Errorf("replicas = %d; a tunnel has one client", *d.Spec.Replicas)
+				t.Errorf("replicas = %d; want one client pod", *d.Spec.Replicas)
 			}
 		})
 	}
@@ -639,6 +641,7 @@ func TestClientValuesReachArgs(t *testing.T) {
 		"tls-server-name": "[tunnels.internal.example.com]",
 		"log-level":       "[debug]",
 		"log-format":      "[console]",
+		"connections":     "[4]",
 		"route": "[/app=http://app-proxy.runtime:8080;timeout=30s;insecure-skip-verify /wf=https://argo-server.argo:2746/;timeout=0 " +
 			"/hooks=http://webhook-eventsource-svc.argo-events:12000/;timeout=10s;insecure-skip-verify " +
 			"/ro=http://argo-rollouts-dashboard.argo-rollouts:3100;timeout=20s;insecure-skip-verify " +
@@ -692,5 +695,30 @@ func TestServerPublicURL(t *testing.T) {
 		if got := cfg["public-url"]; got != tc.want {
 			t.Errorf("%v: public-url = %v, want %v", tc.set, got, tc.want)
 		}
+	}
+}
+
+// clientConnectionsDefault is the default of `tether client --connections`
+// as its --help shows it, or the contract's (DESIGN.md) when --help does not
+// list the flag.
+func clientConnectionsDefault() string {
+	if m := regexp.MustCompile(`--connections int\s.*\(default (\d+)\)`).FindStringSubmatch(clientHelp); m != nil {
+		return m[1]
+	}
+	return "2"
+}
+
+// TestClientConnectionsDefault: the chart keeps as many sessions as the
+// binary does when neither is told otherwise.
+func TestClientConnectionsDefault(t *testing.T) {
+	vals := readValues(t, filepath.Join(clientChart.dir(), "values.yaml"))
+	want := clientConnectionsDefault()
+	if got := fmt.Sprint(vals["connections"]); got != want {
+		t.Errorf("values.yaml connections: %s; `tether client --connections` defaults to %s", got, want)
+	}
+	m := clientChart.mustTemplate(t, nil)
+	flags := clientArgs(t, container(t, &m.deployment(t).Spec.Template.Spec, "tether-client"))
+	if got := fmt.Sprint(flags["connections"]); got != "["+want+"]" {
+		t.Errorf("rendered --connections %s; want [%s]", got, want)
 	}
 }
