@@ -127,6 +127,8 @@ func (m *manifests) deployment(t *testing.T) *appsv1.Deployment {
 	return m.deployments[0]
 }
 
+const componentLabel = "app.kubernetes.io/component"
+
 func (m *manifests) configMap(t *testing.T, name string) *corev1.ConfigMap {
 	t.Helper()
 	for _, c := range m.configMaps {
@@ -147,6 +149,28 @@ func (m *manifests) service(t *testing.T, suffix string) *corev1.Service {
 	}
 	t.Fatalf("no Service named *%s rendered", suffix)
 	return nil
+}
+
+func (m *manifests) secret(t *testing.T, name string) *corev1.Secret {
+	t.Helper()
+	for _, s := range m.secrets {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no Secret %q rendered", name)
+	return nil
+}
+
+// selects reports whether the equality selector sel (a Service's, a
+// policy's podSelector matchLabels) matches labels; an empty one matches all.
+func selects(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 func container(t *testing.T, spec *corev1.PodSpec, name string) *corev1.Container {

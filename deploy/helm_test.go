@@ -79,6 +79,12 @@ func TestRequiredValuesFailClearly(t *testing.T) {
 		{serverChart, append(serverChart.required, "tls.cert=x"), "tls.cert and tls.key go together"},
 		{serverChart, append(serverChart.required, "drain.marginSeconds=0"), "drain.marginSeconds must be positive"},
 		{serverChart, append(serverChart.required, "podAntiAffinity=always"), `podAntiAffinity "always" is not one of`},
+		{serverChart, append(serverChart.required, "replicaCount=2"), "replicaCount is 2, but more than one replica needs a registry"},
+		{serverChart, append(serverChart.required, "registry.url=memory", "replicaCount=3"), "replicaCount is 3, but more than one replica needs a registry"},
+		{serverChart, append(serverChart.required, "autoscaling.enabled=true"), "autoscaling.enabled needs a registry"},
+		{serverChart, append(serverChart.required, "registry.url=redis.example.com:6379"), `registry.url "redis.example.com:6379": want redis://`},
+		{serverChart, append(serverChart.required, "registry.passwordSecret.name=p"), "registry.passwordSecret.name is set but there is no Redis registry"},
+		{serverChart, append(serverChart.required, "podDisruptionBudget.minAvailable=1"), "podDisruptionBudget.minAvailable is no longer a value"},
 		{clientChart, append(clientChart.required, "connections=0"), "connections is 0: want 1 to 16"},
 		{clientChart, append(clientChart.required, "connections=17"), "connections is 17: want 1 to 16"},
 		{clientChart, []string{"token.existingSecret=t"}, "server is required"},
@@ -225,6 +231,14 @@ func TestServerDeployment(t *testing.T) {
 			if len(c.Args) != 2 || c.Args[0] != "server" {
 				t.Errorf("args = %q; want [server --config=FILE]", c.Args)
 			}
+			// What differs per pod comes as TETHER_* variables.
+			for _, e := range c.Env {
+				if name, ok := strings.CutPrefix(e.Name, "TETHER_"); ok {
+					if f := strings.ReplaceAll(strings.ToLower(name), "_", "-"); !serverFlags[f] {
+						t.Errorf("%s: --%s is not a flag of `tether server` (see its --help)", e.Name, f)
+					}
+				}
+			}
 
 			// Probes on the admin port the config gives the server.
 			adminAddr, _ := cfg["admin-addr"].(string)
@@ -266,8 +280,11 @@ func TestServerDeployment(t *testing.T) {
 				t.Errorf("terminationGracePeriodSeconds %v <= preStop %v + shutdown-timeout %v", grace, preStop, shutdown)
 			}
 
-			// Services point at the container's ports.
+			// The server's Services point at the container's ports.
 			for _, svc := range m.services {
+				if !selects(svc.Spec.Selector, d.Spec.Template.Labels) {
+					continue
+				}
 				for _, sp := range svc.Spec.Ports {
 					namedPort(t, c, sp.TargetPort.StrVal)
 				}
@@ -278,6 +295,7 @@ func TestServerDeployment(t *testing.T) {
 			if len(m.pdbs) != 1 {
 				t.Errorf("%d PodDisruptionBudgets; want 1", len(m.pdbs))
 			}
+			checkReplicas(t, m, cfg)
 			checkSecretsAreFiles(t, m, pod)
 		})
 	}
@@ -292,7 +310,9 @@ func checkSecretsAreFiles(t *testing.T, m *manifests, pod *corev1.PodSpec) {
 		outside.WriteString(strings.Join(c.Args, "\n"))
 		for _, e := range c.Env {
 			outside.WriteString(e.Value + "\n")
-			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			// The registry URL is an address, kept in a Secret when the
+			// operator's Redis provisioning writes one; its password is a file.
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.Name != "TETHER_REGISTRY" {
 				t.Errorf("container %s takes env %s from a Secret; mount it as a file", c.Name, e.Name)
 			}
 		}
@@ -342,6 +362,11 @@ func TestServerValuesReachConfig(t *testing.T) {
 		"log-format":           "console",
 		"trusted-proxies":      []any{"10.0.0.0/8", "192.168.0.0/16"},
 		"jwt-hmac-secret-file": "/etc/tether/hmac/secret",
+		// The URL comes from registry.urlSecret, as TETHER_REGISTRY.
+		"registry-password-file":  "/etc/tether/registry/redis-password",
+		"peer-addr":               "0.0.0.0:9800",
+		"peer-secret-file":        "/etc/tether/peer/peer-secret",
+		"max-sessions-per-tunnel": 24,
 	}
 	for k, v := range want {
 		if fmt.Sprint(cfg[k]) != fmt.Sprint(v) {
@@ -360,6 +385,25 @@ func TestServerValuesReachConfig(t *testing.T) {
 	c := container(t, pod, "server")
 	for _, key := range []string{"admin-token-file", "jwt-public-key", "tls-cert", "tls-key"} {
 		checkSecretFile(t, pod, c, cfg[key].(string))
+	}
+	for key, want := range map[string]string{
+		"peer-secret-file":       "tether-peer/peer-secret",
+		"registry-password-file": "tether-registry/redis-password",
+	} {
+		if secret, k := secretFileSource(t, pod, c, cfg[key].(string)); secret+"/"+k != want {
+			t.Errorf("%s from Secret %s key %s; want %s", key, secret, k, want)
+		}
+	}
+	env := envByName(c)
+	if ref := env["TETHER_REGISTRY"].ValueFrom; ref == nil || ref.SecretKeyRef == nil ||
+		ref.SecretKeyRef.Name != "tether-registry" || ref.SecretKeyRef.Key != "redis-url" {
+		t.Errorf("TETHER_REGISTRY = %+v; want it from Secret tether-registry key redis-url", env["TETHER_REGISTRY"])
+	}
+	if got := namedPort(t, c, "peer"); got != 9800 {
+		t.Errorf("peer container port %d; want 9800", got)
+	}
+	if pdb := m.pdbs[0]; pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntVal != 2 {
+		t.Errorf("PodDisruptionBudget maxUnavailable %v; want 2", pdb.Spec.MaxUnavailable)
 	}
 	if d.Spec.Replicas != nil {
 		t.Error("replicas set although autoscaling.enabled: the HPA owns it")
