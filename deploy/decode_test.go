@@ -119,12 +119,38 @@ func decodeManifests(stream string) (*manifests, error) {
 	return m, nil
 }
 
+// deployment returns the one Deployment that runs tether: every one
+// rendered but the server chart's trial Redis.
 func (m *manifests) deployment(t *testing.T) *appsv1.Deployment {
 	t.Helper()
-	if len(m.deployments) != 1 {
-		t.Fatalf("rendered %d Deployments; want 1", len(m.deployments))
+	var found []*appsv1.Deployment
+	for _, d := range m.deployments {
+		if d.Labels[componentLabel] != "redis" {
+			found = append(found, d)
+		}
 	}
-	return m.deployments[0]
+	if len(found) != 1 {
+		t.Fatalf("rendered %d tether Deployments; want 1", len(found))
+	}
+	return found[0]
+}
+
+// redis returns the server chart's trial Redis Deployment, or nil.
+func (m *manifests) redis(t *testing.T) *appsv1.Deployment {
+	t.Helper()
+	var found []*appsv1.Deployment
+	for _, d := range m.deployments {
+		if d.Labels[componentLabel] == "redis" {
+			found = append(found, d)
+		}
+	}
+	if len(found) > 1 {
+		t.Fatalf("rendered %d Redis Deployments; want at most 1", len(found))
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	return found[0]
 }
 
 const componentLabel = "app.kubernetes.io/component"

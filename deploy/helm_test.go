@@ -83,6 +83,7 @@ func TestRequiredValuesFailClearly(t *testing.T) {
 		{serverChart, append(serverChart.required, "registry.url=memory", "replicaCount=3"), "replicaCount is 3, but more than one replica needs a registry"},
 		{serverChart, append(serverChart.required, "autoscaling.enabled=true"), "autoscaling.enabled needs a registry"},
 		{serverChart, append(serverChart.required, "registry.url=redis.example.com:6379"), `registry.url "redis.example.com:6379": want redis://`},
+		{serverChart, append(serverChart.required, "redis.enabled=true", "registry.url=redis://r:6379"), "redis.enabled runs a trial Redis and makes it the registry"},
 		{serverChart, append(serverChart.required, "registry.passwordSecret.name=p"), "registry.passwordSecret.name is set but there is no Redis registry"},
 		{serverChart, append(serverChart.required, "podDisruptionBudget.minAvailable=1"), "podDisruptionBudget.minAvailable is no longer a value"},
 		{clientChart, append(clientChart.required, "connections=0"), "connections is 0: want 1 to 16"},
@@ -404,6 +405,9 @@ func TestServerValuesReachConfig(t *testing.T) {
 	}
 	if pdb := m.pdbs[0]; pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntVal != 2 {
 		t.Errorf("PodDisruptionBudget maxUnavailable %v; want 2", pdb.Spec.MaxUnavailable)
+	}
+	if m.redis(t) != nil {
+		t.Error("redis.enabled is false, yet a Redis Deployment was rendered")
 	}
 	if d.Spec.Replicas != nil {
 		t.Error("replicas set although autoscaling.enabled: the HPA owns it")

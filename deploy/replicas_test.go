@@ -1,16 +1,23 @@
 package deploy
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/redis/go-redis/v9"
 	corev1 "k8s.io/api/core/v1"
 	networkingv1 "k8s.io/api/networking/v1"
+
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
 func envByName(c *corev1.Container) map[string]corev1.EnvVar {
@@ -139,9 +146,12 @@ func TestSingleReplicaByDefault(t *testing.T) {
 		t.Error("env set for a single replica")
 	}
 	for _, s := range m.secrets {
-		if strings.HasSuffix(s.Name, "-peer") {
+		if strings.HasSuffix(s.Name, "-peer") || strings.HasSuffix(s.Name, "-redis") {
 			t.Errorf("Secret %s rendered without a registry", s.Name)
 		}
+	}
+	if m.redis(t) != nil {
+		t.Error("the trial Redis is on by default")
 	}
 }
 
@@ -305,5 +315,167 @@ func TestPeerSecret(t *testing.T) {
 	}
 	if !regexp.MustCompile(`(?s)peerSecretName.*lookup "v1" "Secret" \.Release\.Namespace \$name`).Match(text) {
 		t.Error("secrets.yaml does not look up the existing peer Secret: every upgrade would change the secret under running replicas")
+	}
+}
+
+// TestTrialRedis: redis.enabled runs one Redis, marked as not for
+// production, wired as the registry with its password as a file, reachable
+// only from the server pods; and the config the chart gives it makes a real
+// redis-server require exactly that password and keep nothing on disk.
+func TestTrialRedis(t *testing.T) {
+	password := `trial "redis" pass\word`
+	values := filepath.Join(t.TempDir(), "password-values.yaml")
+	if err := os.WriteFile(values, []byte(fmt.Sprintf("redis:\n  password: %q\n", password)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	m := serverChart.mustTemplate(t, append(serverCI("trial-redis-values.yaml"), values))
+	r := m.redis(t)
+	if r == nil {
+		t.Fatal("redis.enabled rendered no Redis Deployment")
+	}
+	if r.Spec.Replicas == nil || *r.Spec.Replicas != 1 || r.Spec.Strategy.Type != "Recreate" {
+		t.Errorf("Redis replicas %v, strategy %s; want 1, Recreate", r.Spec.Replicas, r.Spec.Strategy.Type)
+	}
+	if !strings.Contains(r.Annotations["tether.dev/not-for-production"], "no persistence") {
+		t.Errorf("Redis annotations %v; want it marked not for production", r.Annotations)
+	}
+	rpod := &r.Spec.Template.Spec
+	rc := container(t, rpod, "redis")
+	checkHardened(t, rpod, rc)
+	if rc.Image != "registry.example.com/mirror/redis:7.2-alpine" {
+		t.Errorf("Redis image %s; want redis.image's", rc.Image)
+	}
+	for _, v := range rpod.Volumes {
+		if v.EmptyDir == nil && v.Secret == nil {
+			t.Errorf("Redis volume %s is neither an emptyDir nor a Secret: the trial Redis keeps nothing", v.Name)
+		}
+	}
+
+	// Its Service, and only it, selects the Redis pod.
+	var svc *corev1.Service
+	for _, s := range m.services {
+		if selects(s.Spec.Selector, r.Spec.Template.Labels) {
+			if svc != nil {
+				t.Errorf("Services %s and %s both select the Redis pod", svc.Name, s.Name)
+			}
+			svc = s
+		}
+	}
+	if svc == nil {
+		t.Fatal("no Service selects the Redis pod")
+	}
+	if p := namedPort(t, rc, svc.Spec.Ports[0].TargetPort.StrVal); p != 6379 {
+		t.Errorf("Redis Service targets port %d; want 6379", p)
+	}
+
+	// The server uses it: URL, password file.
+	cfg, _ := serverConfig(t, m)
+	pod := &m.deployment(t).Spec.Template.Spec
+	c := container(t, pod, "server")
+	if want := fmt.Sprintf("redis://%s.tether.svc:%d/0", svc.Name, svc.Spec.Ports[0].Port); cfg["registry"] != want {
+		t.Errorf("registry %v; want the trial Redis's Service, %s", cfg["registry"], want)
+	}
+	secretName, key := secretFileSource(t, pod, c, cfg["registry-password-file"].(string))
+	secret := m.secret(t, secretName)
+	if got := string(secret.Data[key]); got != password {
+		t.Errorf("the server's Redis password file holds %q; want redis.password %q", got, password)
+	}
+
+	// Only the server pods reach it.
+	var np *networkingv1.NetworkPolicy
+	for _, p := range m.networkPolicies {
+		if selects(p.Spec.PodSelector.MatchLabels, r.Spec.Template.Labels) {
+			np = p
+		}
+	}
+	if np == nil {
+		t.Fatal("networkPolicy.enabled, yet no NetworkPolicy selects the Redis pod")
+	}
+	if len(np.Spec.Ingress) != 1 || len(np.Spec.Ingress[0].From) != 1 || np.Spec.Ingress[0].From[0].PodSelector == nil ||
+		np.Spec.Ingress[0].From[0].NamespaceSelector != nil ||
+		!selects(np.Spec.Ingress[0].From[0].PodSelector.MatchLabels, m.deployment(t).Spec.Template.Labels) ||
+		np.Spec.Ingress[0].From[0].PodSelector.MatchLabels[componentLabel] != "server" {
+		t.Errorf("Redis NetworkPolicy ingress %+v; want one rule from the server pods only", np.Spec.Ingress)
+	}
+
+	// The config file Redis runs with is in the same Secret.
+	if len(rc.Command) != 2 || rc.Command[0] != "redis-server" {
+		t.Fatalf("Redis command %q; want [redis-server CONFIG]", rc.Command)
+	}
+	confSecret, confKey := secretFileSource(t, rpod, rc, rc.Command[1])
+	if confSecret != secretName {
+		t.Errorf("Redis config from Secret %s; the server's password from %s", confSecret, secretName)
+	}
+	checkRedisConf(t, m.secret(t, confSecret).Data[confKey], secret.Data[key])
+}
+
+// checkRedisConf runs redis-server with conf on loopback (its port, address
+// and directory replaced) and checks that it requires password and saves
+// nothing.
+func checkRedisConf(t *testing.T, conf, password []byte) {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatal("redis-server is not on PATH; the trial Redis test needs it: install it (Debian: apt-get install redis-server)")
+	}
+	dir := t.TempDir()
+	confFile, pwFile := filepath.Join(dir, "redis.conf"), filepath.Join(dir, "password")
+	if err := os.WriteFile(confFile, conf, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(pwFile, password, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	addr := testutil.ClosedAddr(t)
+	_, p, _ := net.SplitHostPort(addr)
+	cmd := exec.Command(bin, confFile, "--port", p, "--bind", "127.0.0.1", "--daemonize", "no")
+	cmd.Dir = dir // the pod's working directory is an emptyDir
+	var out strings.Builder
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		if t.Failed() {
+			t.Logf("redis-server with the chart's config:\n%s\n%s", conf, out.String())
+		}
+	})
+
+	anon := redis.NewClient(&redis.Options{Addr: addr, DialerRetries: 1, MaxRetries: -1})
+	defer anon.Close()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		err := anon.Ping(context.Background()).Err()
+		if err == nil {
+			return nil
+		}
+		if redis.IsAuthError(err) || strings.HasPrefix(err.Error(), "NOAUTH") {
+			return nil // up, and asking for the password
+		}
+		return err
+	})
+	if err := anon.Ping(t.Context()).Err(); err == nil {
+		t.Fatal("the trial Redis answers without a password")
+	}
+
+	// The server reads the password as it reads --registry-password-file.
+	pw, err := registry.ReadPassword(pwFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	auth := redis.NewClient(&redis.Options{Addr: addr, Password: pw, DialerRetries: 1, MaxRetries: -1})
+	defer auth.Close()
+	if err := auth.Ping(t.Context()).Err(); err != nil {
+		t.Fatalf("ping with the password of --registry-password-file: %v", err)
+	}
+	for param, want := range map[string]string{"save": "", "appendonly": "no"} {
+		got, err := auth.ConfigGet(t.Context(), param).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[param] != want {
+			t.Errorf("Redis %s = %q; want %q: the trial Redis keeps nothing on disk", param, got[param], want)
+		}
 	}
 }

@@ -62,26 +62,69 @@ app.kubernetes.io/component: server
 {{- default (printf "%s-peer" (include "tether-server.fullname" .)) .Values.peerSecret.existingSecret }}
 {{- end }}
 
+{{/* The trial Redis (redis.enabled): its name (Deployment, Service, Secret)
+and the labels that select its pod. */}}
+{{- define "tether-server.redisName" -}}
+{{- printf "%s-redis" (include "tether-server.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tether-server.redisSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "tether-server.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: redis
+{{- end }}
+
+{{- define "tether-server.redisLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "tether-server.redisSelectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tether
+{{- end }}
+
+{{/* The trial Redis's Secret: its password, for the server's
+--registry-password-file, and its config file, which holds the same password
+(Redis reads it from there, not from its command line). Called with ctx,
+name and password. */}}
+{{- define "tether-server.redisSecret" -}}
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "tether-server.redisLabels" .ctx | nindent 4 }}
+type: Opaque
+data:
+  password: {{ .password | b64enc }}
+  redis.conf: {{ printf "# The trial Redis of tether-server: not for production.\nport 6379\nrequirepass %s\nsave \"\"\nappendonly no\n" (quote .password) | b64enc }}
+{{- end }}
+
 {{/* Whether the replicas share a Redis registry: then the server gets the
 peer listener, its secret and a replica ID, and may run as several replicas.
 "memory" is the single-replica default, not a shared registry. */}}
 {{- define "tether-server.shared" -}}
-{{- if or .Values.registry.urlSecret.name (and .Values.registry.url (ne .Values.registry.url "memory")) }}true{{- end }}
+{{- if or .Values.redis.enabled .Values.registry.urlSecret.name (and .Values.registry.url (ne .Values.registry.url "memory")) }}true{{- end }}
 {{- end }}
 
 {{/* The Secret and key of the Redis password file; no name: none. */}}
 {{- define "tether-server.registryPasswordSecretName" -}}
+{{- if .Values.redis.enabled }}
+{{- include "tether-server.redisName" . }}
+{{- else }}
 {{- .Values.registry.passwordSecret.name }}
+{{- end }}
 {{- end }}
 
 {{- define "tether-server.registryPasswordKey" -}}
-{{- .Values.registry.passwordSecret.key }}
+{{- ternary "password" .Values.registry.passwordSecret.key .Values.redis.enabled }}
 {{- end }}
 
 {{/* The registry settings, checked: the chart refuses what the server would
 refuse at start, with the value to change. */}}
 {{- define "tether-server.checkRegistry" -}}
 {{- $r := .Values.registry }}
+{{- if and .Values.redis.enabled (or $r.url $r.urlSecret.name $r.passwordSecret.name) }}
+{{- fail "redis.enabled runs a trial Redis and makes it the registry: unset registry.url, registry.urlSecret.name and registry.passwordSecret.name, or set redis.enabled=false to use your Redis" }}
+{{- end }}
 {{- if and $r.url (ne $r.url "memory") (not (regexMatch "^rediss?://" $r.url)) }}
 {{- fail (printf "registry.url %q: want redis://HOST[:PORT][/DB], rediss://HOST[:PORT][/DB] (TLS), or empty for a single replica" $r.url) }}
 {{- end }}
@@ -90,10 +133,10 @@ refuse at start, with the value to change. */}}
 {{- end }}
 {{- if not (include "tether-server.shared" .) }}
 {{- if .Values.autoscaling.enabled }}
-{{- fail "autoscaling.enabled needs a registry the replicas share, so that each serves the tunnels the others hold: set registry.url=redis://HOST:6379 (or registry.urlSecret.name)" }}
+{{- fail "autoscaling.enabled needs a registry the replicas share, so that each serves the tunnels the others hold: set registry.url=redis://HOST:6379 (or registry.urlSecret.name), or redis.enabled=true to try it out" }}
 {{- end }}
 {{- if gt (int .Values.replicaCount) 1 }}
-{{- fail (printf "replicaCount is %d, but more than one replica needs a registry the replicas share, so that each serves the tunnels the others hold: set registry.url=redis://HOST:6379 (or registry.urlSecret.name), or replicaCount=1" (int .Values.replicaCount)) }}
+{{- fail (printf "replicaCount is %d, but more than one replica needs a registry the replicas share, so that each serves the tunnels the others hold: set registry.url=redis://HOST:6379 (or registry.urlSecret.name), or redis.enabled=true to try it out; or replicaCount=1" (int .Values.replicaCount)) }}
 {{- end }}
 {{- end }}
 {{- if hasKey .Values.podDisruptionBudget "minAvailable" }}
@@ -157,7 +200,9 @@ drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
 {{- /* --replica-id and --peer-advertise-addr differ per pod: the
 Deployment sets them from the downward API; so does TETHER_REGISTRY from
 registry.urlSecret. */}}
-{{- if not .Values.registry.urlSecret.name }}
+{{- if .Values.redis.enabled }}
+{{- $_ := set $cfg "registry" (printf "redis://%s.%s.svc:6379/0" (include "tether-server.redisName" .) .Release.Namespace) }}
+{{- else if not .Values.registry.urlSecret.name }}
 {{- $_ := set $cfg "registry" .Values.registry.url }}
 {{- end }}
 {{- if include "tether-server.registryPasswordSecretName" . }}
