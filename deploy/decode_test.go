@@ -119,13 +119,41 @@ func decodeManifests(stream string) (*manifests, error) {
 	return m, nil
 }
 
+// deployment returns the one Deployment that runs tether: every one
+// rendered but the server chart's trial Redis.
 func (m *manifests) deployment(t *testing.T) *appsv1.Deployment {
 	t.Helper()
-	if len(m.deployments) != 1 {
-		t.Fatalf("rendered %d Deployments; want 1", len(m.deployments))
+	var found []*appsv1.Deployment
+	for _, d := range m.deployments {
+		if d.Labels[componentLabel] != "redis" {
+			found = append(found, d)
+		}
 	}
-	return m.deployments[0]
+	if len(found) != 1 {
+		t.Fatalf("rendered %d tether Deployments; want 1", len(found))
+	}
+	return found[0]
 }
+
+// redis returns the server chart's trial Redis Deployment, or nil.
+func (m *manifests) redis(t *testing.T) *appsv1.Deployment {
+	t.Helper()
+	var found []*appsv1.Deployment
+	for _, d := range m.deployments {
+		if d.Labels[componentLabel] == "redis" {
+			found = append(found, d)
+		}
+	}
+	if len(found) > 1 {
+		t.Fatalf("rendered %d Redis Deployments; want at most 1", len(found))
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	return found[0]
+}
+
+const componentLabel = "app.kubernetes.io/component"
 
 func (m *manifests) configMap(t *testing.T, name string) *corev1.ConfigMap {
 	t.Helper()
@@ -147,6 +175,28 @@ func (m *manifests) service(t *testing.T, suffix string) *corev1.Service {
 	}
 	t.Fatalf("no Service named *%s rendered", suffix)
 	return nil
+}
+
+func (m *manifests) secret(t *testing.T, name string) *corev1.Secret {
+	t.Helper()
+	for _, s := range m.secrets {
+		if s.Name == name {
+			return s
+		}
+	}
+	t.Fatalf("no Secret %q rendered", name)
+	return nil
+}
+
+// selects reports whether the equality selector sel (a Service's, a
+// policy's podSelector matchLabels) matches labels; an empty one matches all.
+func selects(sel, labels map[string]string) bool {
+	for k, v := range sel {
+		if labels[k] != v {
+			return false
+		}
+	}
+	return true
 }
 
 func container(t *testing.T, spec *corev1.PodSpec, name string) *corev1.Container {

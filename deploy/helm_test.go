@@ -79,6 +79,15 @@ func TestRequiredValuesFailClearly(t *testing.T) {
 		{serverChart, append(serverChart.required, "tls.cert=x"), "tls.cert and tls.key go together"},
 		{serverChart, append(serverChart.required, "drain.marginSeconds=0"), "drain.marginSeconds must be positive"},
 		{serverChart, append(serverChart.required, "podAntiAffinity=always"), `podAntiAffinity "always" is not one of`},
+		{serverChart, append(serverChart.required, "replicaCount=2"), "replicaCount is 2, but more than one replica needs a registry"},
+		{serverChart, append(serverChart.required, "registry.url=memory", "replicaCount=3"), "replicaCount is 3, but more than one replica needs a registry"},
+		{serverChart, append(serverChart.required, "autoscaling.enabled=true"), "autoscaling.enabled needs a registry"},
+		{serverChart, append(serverChart.required, "registry.url=redis.example.com:6379"), `registry.url "redis.example.com:6379": want redis://`},
+		{serverChart, append(serverChart.required, "redis.enabled=true", "registry.url=redis://r:6379"), "redis.enabled runs a trial Redis and makes it the registry"},
+		{serverChart, append(serverChart.required, "registry.passwordSecret.name=p"), "registry.passwordSecret.name is set but there is no Redis registry"},
+		{serverChart, append(serverChart.required, "podDisruptionBudget.minAvailable=1"), "podDisruptionBudget.minAvailable is no longer a value"},
+		{clientChart, append(clientChart.required, "connections=0"), "connections is 0: want 1 to 16"},
+		{clientChart, append(clientChart.required, "connections=17"), "connections is 17: want 1 to 16"},
 		{clientChart, []string{"token.existingSecret=t"}, "server is required"},
 		{clientChart, []string{"server=s:1"}, "a token is required"},
 		{clientChart, append(clientChart.required, "tls.caConfigMap=a", "tls.caSecret=b"), "tls.caConfigMap and tls.caSecret are exclusive"},
@@ -223,6 +232,14 @@ func TestServerDeployment(t *testing.T) {
 			if len(c.Args) != 2 || c.Args[0] != "server" {
 				t.Errorf("args = %q; want [server --config=FILE]", c.Args)
 			}
+			// What differs per pod comes as TETHER_* variables.
+			for _, e := range c.Env {
+				if name, ok := strings.CutPrefix(e.Name, "TETHER_"); ok {
+					if f := strings.ReplaceAll(strings.ToLower(name), "_", "-"); !serverFlags[f] {
+						t.Errorf("%s: --%s is not a flag of `tether server` (see its --help)", e.Name, f)
+					}
+				}
+			}
 
 			// Probes on the admin port the config gives the server.
 			adminAddr, _ := cfg["admin-addr"].(string)
@@ -264,8 +281,11 @@ func TestServerDeployment(t *testing.T) {
 				t.Errorf("terminationGracePeriodSeconds %v <= preStop %v + shutdown-timeout %v", grace, preStop, shutdown)
 			}
 
-			// Services point at the container's ports.
+			// The server's Services point at the container's ports.
 			for _, svc := range m.services {
+				if !selects(svc.Spec.Selector, d.Spec.Template.Labels) {
+					continue
+				}
 				for _, sp := range svc.Spec.Ports {
 					namedPort(t, c, sp.TargetPort.StrVal)
 				}
@@ -276,6 +296,7 @@ func TestServerDeployment(t *testing.T) {
 			if len(m.pdbs) != 1 {
 				t.Errorf("%d PodDisruptionBudgets; want 1", len(m.pdbs))
 			}
+			checkReplicas(t, m, cfg)
 			checkSecretsAreFiles(t, m, pod)
 		})
 	}
@@ -290,7 +311,9 @@ func checkSecretsAreFiles(t *testing.T, m *manifests, pod *corev1.PodSpec) {
 		outside.WriteString(strings.Join(c.Args, "\n"))
 		for _, e := range c.Env {
 			outside.WriteString(e.Value + "\n")
-			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil {
+			// The registry URL is an address, kept in a Secret when the
+			// operator's Redis provisioning writes one; its password is a file.
+			if e.ValueFrom != nil && e.ValueFrom.SecretKeyRef != nil && e.Name != "TETHER_REGISTRY" {
 				t.Errorf("container %s takes env %s from a Secret; mount it as a file", c.Name, e.Name)
 			}
 		}
@@ -340,6 +363,11 @@ func TestServerValuesReachConfig(t *testing.T) {
 		"log-format":           "console",
 		"trusted-proxies":      []any{"10.0.0.0/8", "192.168.0.0/16"},
 		"jwt-hmac-secret-file": "/etc/tether/hmac/secret",
+		// The URL comes from registry.urlSecret, as TETHER_REGISTRY.
+		"registry-password-file":  "/etc/tether/registry/redis-password",
+		"peer-addr":               "0.0.0.0:9800",
+		"peer-secret-file":        "/etc/tether/peer/peer-secret",
+		"max-sessions-per-tunnel": 24,
 	}
 	for k, v := range want {
 		if fmt.Sprint(cfg[k]) != fmt.Sprint(v) {
@@ -358,6 +386,28 @@ func TestServerValuesReachConfig(t *testing.T) {
 	c := container(t, pod, "server")
 	for _, key := range []string{"admin-token-file", "jwt-public-key", "tls-cert", "tls-key"} {
 		checkSecretFile(t, pod, c, cfg[key].(string))
+	}
+	for key, want := range map[string]string{
+		"peer-secret-file":       "tether-peer/peer-secret",
+		"registry-password-file": "tether-registry/redis-password",
+	} {
+		if secret, k := secretFileSource(t, pod, c, cfg[key].(string)); secret+"/"+k != want {
+			t.Errorf("%s from Secret %s key %s; want %s", key, secret, k, want)
+		}
+	}
+	env := envByName(c)
+	if ref := env["TETHER_REGISTRY"].ValueFrom; ref == nil || ref.SecretKeyRef == nil ||
+		ref.SecretKeyRef.Name != "tether-registry" || ref.SecretKeyRef.Key != "redis-url" {
+		t.Errorf("TETHER_REGISTRY = %+v; want it from Secret tether-registry key redis-url", env["TETHER_REGISTRY"])
+	}
+	if got := namedPort(t, c, "peer"); got != 9800 {
+		t.Errorf("peer container port %d; want 9800", got)
+	}
+	if pdb := m.pdbs[0]; pdb.Spec.MaxUnavailable == nil || pdb.Spec.MaxUnavailable.IntVal != 2 {
+		t.Errorf("PodDisruptionBudget maxUnavailable %v; want 2", pdb.Spec.MaxUnavailable)
+	}
+	if m.redis(t) != nil {
+		t.Error("redis.enabled is false, yet a Redis Deployment was rendered")
 	}
 	if d.Spec.Replicas != nil {
 		t.Error("replicas set although autoscaling.enabled: the HPA owns it")
@@ -593,7 +643,7 @@ func TestClientDeployment(t *testing.T) {
 			checkClientContainer(t, pod, c)
 			checkSecretsAreFiles(t, m, pod)
 			if *d.Spec.Replicas != 1 {
-				t.Errorf("replicas = %d; a tunnel has one client", *d.Spec.Replicas)
+				t.Errorf("replicas = %d; want one client pod", *d.Spec.Replicas)
 			}
 		})
 	}
@@ -639,6 +689,7 @@ func TestClientValuesReachArgs(t *testing.T) {
 		"tls-server-name": "[tunnels.internal.example.com]",
 		"log-level":       "[debug]",
 		"log-format":      "[console]",
+		"connections":     "[4]",
 		"route": "[/app=http://app-proxy.runtime:8080;timeout=30s;insecure-skip-verify /wf=https://argo-server.argo:2746/;timeout=0 " +
 			"/hooks=http://webhook-eventsource-svc.argo-events:12000/;timeout=10s;insecure-skip-verify " +
 			"/ro=http://argo-rollouts-dashboard.argo-rollouts:3100;timeout=20s;insecure-skip-verify " +
@@ -692,5 +743,30 @@ func TestServerPublicURL(t *testing.T) {
 		if got := cfg["public-url"]; got != tc.want {
 			t.Errorf("%v: public-url = %v, want %v", tc.set, got, tc.want)
 		}
+	}
+}
+
+// clientConnectionsDefault is the default of `tether client --connections`
+// as its --help shows it, or the contract's (DESIGN.md) when --help does not
+// list the flag.
+func clientConnectionsDefault() string {
+	if m := regexp.MustCompile(`--connections int\s.*\(default (\d+)\)`).FindStringSubmatch(clientHelp); m != nil {
+		return m[1]
+	}
+	return "2"
+}
+
+// TestClientConnectionsDefault: the chart keeps as many sessions as the
+// binary does when neither is told otherwise.
+func TestClientConnectionsDefault(t *testing.T) {
+	vals := readValues(t, filepath.Join(clientChart.dir(), "values.yaml"))
+	want := clientConnectionsDefault()
+	if got := fmt.Sprint(vals["connections"]); got != want {
+		t.Errorf("values.yaml connections: %s; `tether client --connections` defaults to %s", got, want)
+	}
+	m := clientChart.mustTemplate(t, nil)
+	flags := clientArgs(t, container(t, &m.deployment(t).Spec.Template.Spec, "tether-client"))
+	if got := fmt.Sprint(flags["connections"]); got != "["+want+"]" {
+		t.Errorf("rendered --connections %s; want [%s]", got, want)
 	}
 }

@@ -1,6 +1,7 @@
 package deploy
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -37,14 +38,17 @@ func TestSidecarInRuntimeChart(t *testing.T) {
 	if _, err := helm(t, "dependency", "update", dst); err != nil {
 		t.Fatal(err)
 	}
-	for name, set := range map[string][]string{
-		"defaults": nil,
-		"ca and proxy": {"tether-client.tls.caConfigMap=corp-ca", "tether-client.proxy.noProxy=.cluster.local",
-			"tether-client.health.port=9999"},
+	for name, tc := range map[string]struct {
+		set         []string
+		connections string
+	}{
+		"defaults": {nil, clientConnectionsDefault()},
+		"ca, proxy and connections": {[]string{"tether-client.tls.caConfigMap=corp-ca", "tether-client.proxy.noProxy=.cluster.local",
+			"tether-client.health.port=9999", "tether-client.connections=5"}, "5"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			args := []string{"template", "rt", dst, "--kube-version", kubeVersion}
-			for _, s := range set {
+			for _, s := range tc.set {
 				args = append(args, "--set", s)
 			}
 			out, err := helm(t, args...)
@@ -62,6 +66,9 @@ func TestSidecarInRuntimeChart(t *testing.T) {
 			flags := checkClientContainer(t, pod, c)
 			if got := flags["token-file"]; len(got) != 1 || got[0] != "/var/run/tether/token/token" {
 				t.Errorf("--token-file %v; want /var/run/tether/token/token", got)
+			}
+			if got := flags["connections"]; fmt.Sprint(got) != fmt.Sprint([]string{tc.connections}) {
+				t.Errorf("--connections %v; want [%s]", got, tc.connections)
 			}
 			var tokenSecret string
 			for _, v := range pod.Volumes {

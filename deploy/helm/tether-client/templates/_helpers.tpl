@@ -94,6 +94,10 @@ see exactly the settings the client runs with and need no arguments.
 {{- if and .Values.tls.caConfigMap .Values.tls.caSecret }}
 {{- fail "tls.caConfigMap and tls.caSecret are exclusive: set one" }}
 {{- end }}
+{{- $conns := int .Values.connections }}
+{{- if or (lt $conns 1) (gt $conns 16) }}
+{{- fail (printf "connections is %v: want 1 to 16 sessions to the server (default 2)" .Values.connections) }}
+{{- end }}
 {{- $routes := include "tether-client.routes" . | trim }}
 {{- if not $routes }}
 {{- fail "no routes: enable at least one of routes.* or list extraRoutes" }}
@@ -102,6 +106,7 @@ server={{ .Values.server }}
 token-file={{ include "tether-client.tokenDir" . }}/{{ .Values.token.secretKey }}
 health-addr=0.0.0.0:{{ .Values.health.port }}
 transport={{ .Values.transport }}
+connections={{ $conns }}
 log-level={{ .Values.log.level }}
 log-format={{ .Values.log.format }}
 route={{ splitList "\n" $routes | join "," }}

@@ -58,6 +58,92 @@ app.kubernetes.io/component: server
 {{- default (printf "%s-admin-token" (include "tether-server.fullname" .)) .Values.adminToken.existingSecret }}
 {{- end }}
 
+{{- define "tether-server.peerSecretName" -}}
+{{- default (printf "%s-peer" (include "tether-server.fullname" .)) .Values.peerSecret.existingSecret }}
+{{- end }}
+
+{{/* The trial Redis (redis.enabled): its name (Deployment, Service, Secret)
+and the labels that select its pod. */}}
+{{- define "tether-server.redisName" -}}
+{{- printf "%s-redis" (include "tether-server.fullname" .) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{- define "tether-server.redisSelectorLabels" -}}
+app.kubernetes.io/name: {{ include "tether-server.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: redis
+{{- end }}
+
+{{- define "tether-server.redisLabels" -}}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
+{{ include "tether-server.redisSelectorLabels" . }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: tether
+{{- end }}
+
+{{/* The trial Redis's Secret: its password, for the server's
+--registry-password-file, and its config file, which holds the same password
+(Redis reads it from there, not from its command line). Called with ctx,
+name and password. */}}
+{{- define "tether-server.redisSecret" -}}
+apiVersion: v1
+kind: Secret
+metadata:
+  name: {{ .name }}
+  labels:
+    {{- include "tether-server.redisLabels" .ctx | nindent 4 }}
+type: Opaque
+data:
+  password: {{ .password | b64enc }}
+  redis.conf: {{ printf "# The trial Redis of tether-server: not for production.\nport 6379\nrequirepass %s\nsave \"\"\nappendonly no\n" (quote .password) | b64enc }}
+{{- end }}
+
+{{/* Whether the replicas share a Redis registry: then the server gets the
+peer listener, its secret and a replica ID, and may run as several replicas.
+"memory" is the single-replica default, not a shared registry. */}}
+{{- define "tether-server.shared" -}}
+{{- if or .Values.redis.enabled .Values.registry.urlSecret.name (and .Values.registry.url (ne .Values.registry.url "memory")) }}true{{- end }}
+{{- end }}
+
+{{/* The Secret and key of the Redis password file; no name: none. */}}
+{{- define "tether-server.registryPasswordSecretName" -}}
+{{- if .Values.redis.enabled }}
+{{- include "tether-server.redisName" . }}
+{{- else }}
+{{- .Values.registry.passwordSecret.name }}
+{{- end }}
+{{- end }}
+
+{{- define "tether-server.registryPasswordKey" -}}
+{{- ternary "password" .Values.registry.passwordSecret.key .Values.redis.enabled }}
+{{- end }}
+
+{{/* The registry settings, checked: the chart refuses what the server would
+refuse at start, with the value to change. */}}
+{{- define "tether-server.checkRegistry" -}}
+{{- $r := .Values.registry }}
+{{- if and .Values.redis.enabled (or $r.url $r.urlSecret.name $r.passwordSecret.name) }}
+{{- fail "redis.enabled runs a trial Redis and makes it the registry: unset registry.url, registry.urlSecret.name and registry.passwordSecret.name, or set redis.enabled=false to use your Redis" }}
+{{- end }}
+{{- if and $r.url (ne $r.url "memory") (not (regexMatch "^rediss?://" $r.url)) }}
+{{- fail (printf "registry.url %q: want redis://HOST[:PORT][/DB], rediss://HOST[:PORT][/DB] (TLS), or empty for a single replica" $r.url) }}
+{{- end }}
+{{- if and $r.passwordSecret.name (not (include "tether-server.shared" .)) }}
+{{- fail "registry.passwordSecret.name is set but there is no Redis registry: set registry.url (or registry.urlSecret.name) too" }}
+{{- end }}
+{{- if not (include "tether-server.shared" .) }}
+{{- if .Values.autoscaling.enabled }}
+{{- fail "autoscaling.enabled needs a registry the replicas share, so that each serves the tunnels the others hold: set registry.url=redis://HOST:6379 (or registry.urlSecret.name), or redis.enabled=true to try it out" }}
+{{- end }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- fail (printf "replicaCount is %d, but more than one replica needs a registry the replicas share, so that each serves the tunnels the others hold: set registry.url=redis://HOST:6379 (or registry.urlSecret.name), or redis.enabled=true to try it out; or replicaCount=1" (int .Values.replicaCount)) }}
+{{- end }}
+{{- end }}
+{{- if hasKey .Values.podDisruptionBudget "minAvailable" }}
+{{- fail "podDisruptionBudget.minAvailable is no longer a value: the budget is podDisruptionBudget.maxUnavailable (default 1), so replicas drain one at a time" }}
+{{- end }}
+{{- end }}
+
 {{/* Whether the tunnel listener has a certificate (otherwise: self-signed). */}}
 {{- define "tether-server.hasTLS" -}}
 {{- if or .Values.tls.existingSecret (and .Values.tls.cert .Values.tls.key) }}true{{- end }}
@@ -68,6 +154,8 @@ a rotated Secret reaches the running server, which re-reads the files. */}}
 {{- define "tether-server.jwtDir" -}}/etc/tether/jwt{{- end }}
 {{- define "tether-server.tlsDir" -}}/etc/tether/tls{{- end }}
 {{- define "tether-server.adminDir" -}}/etc/tether/admin{{- end }}
+{{- define "tether-server.peerDir" -}}/etc/tether/peer{{- end }}
+{{- define "tether-server.registryDir" -}}/etc/tether/registry{{- end }}
 {{- define "tether-server.configDir" -}}/etc/tether/config{{- end }}
 
 {{/* terminationGracePeriodSeconds: the preStop delay, then the server's
@@ -87,6 +175,7 @@ drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
 {{- if and (or .Values.tls.cert .Values.tls.key) (not (and .Values.tls.cert .Values.tls.key)) }}
 {{- fail "tls.cert and tls.key go together: set both, or neither (and tls.existingSecret)" }}
 {{- end }}
+{{- include "tether-server.checkRegistry" . }}
 {{- $cfg := dict
   "domain" .Values.domain
   "tunnel-addr" (printf "0.0.0.0:%d" (int .Values.ports.tunnel))
@@ -106,6 +195,22 @@ drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
 {{- with .Values.jwt.audience }}{{ $_ := set $cfg "jwt-audience" . }}{{ end }}
 {{- with .Values.trustedProxies }}{{ $_ := set $cfg "trusted-proxies" . }}{{ end }}
 {{- with .Values.heartbeatTimeout }}{{ $_ := set $cfg "heartbeat-timeout" . }}{{ end }}
+{{- with int .Values.maxSessionsPerTunnel }}{{ $_ := set $cfg "max-sessions-per-tunnel" . }}{{ end }}
+{{- if include "tether-server.shared" . }}
+{{- /* --replica-id and --peer-advertise-addr differ per pod: the
+Deployment sets them from the downward API; so does TETHER_REGISTRY from
+registry.urlSecret. */}}
+{{- if .Values.redis.enabled }}
+{{- $_ := set $cfg "registry" (printf "redis://%s.%s.svc:6379/0" (include "tether-server.redisName" .) .Release.Namespace) }}
+{{- else if not .Values.registry.urlSecret.name }}
+{{- $_ := set $cfg "registry" .Values.registry.url }}
+{{- end }}
+{{- if include "tether-server.registryPasswordSecretName" . }}
+{{- $_ := set $cfg "registry-password-file" (printf "%s/%s" (include "tether-server.registryDir" .) (include "tether-server.registryPasswordKey" .)) }}
+{{- end }}
+{{- $_ := set $cfg "peer-addr" (printf "0.0.0.0:%d" (int .Values.ports.peer)) }}
+{{- $_ := set $cfg "peer-secret-file" (printf "%s/%s" (include "tether-server.peerDir" .) .Values.peerSecret.secretKey) }}
+{{- end }}
 {{- if .Values.publicURL }}
 {{- $_ := set $cfg "public-url" .Values.publicURL }}
 {{- else if .Values.ingress.enabled }}
