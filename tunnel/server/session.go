@@ -97,6 +97,10 @@ func (s *Session) CloseReason() string {
 	return s.closeReason
 }
 
+// alive reports whether the session is open and its connection has not
+// ended, whether or not the gate has noticed yet.
+func (s *Session) alive() bool { return s.CloseReason() == "" && !s.mux.IsClosed() }
+
 // after runs f after d unless the session closes first.
 func (s *Session) after(d time.Duration, f func()) {
 	s.mu.Lock()
