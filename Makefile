@@ -66,6 +66,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzApply$$' -fuzztime $(FUZZTIME) ./internal/config/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRoute$$' -fuzztime $(FUZZTIME) ./proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzRoutePath$$' -fuzztime $(FUZZTIME) ./proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadOpening$$' -fuzztime $(FUZZTIME) ./tunnel/server/
 
 bench: ## Go benchmarks of the request path (see also ../shared/bench)
 	$(GO) test -run '^$$' -bench . -benchmem ./tunnel/server/ ./proxy/

@@ -132,10 +132,14 @@ func describeEnd(err error) string {
 // tunnel. Everything else is refused.
 func (s *Server) admitStream(sess *Session, stream net.Conn) {
 	_ = stream.SetReadDeadline(time.Now().Add(openingTimeout))
-	op, err := readOpening(stream)
+	op, err := readOpening(stream, maxOpeningSize)
 	_ = stream.SetReadDeadline(time.Time{})
 	if err != nil {
-		s.refuse(sess, "malformed", "unreadable first message on a stream", zap.Error(err))
+		reason := "malformed"
+		if errors.Is(err, errOpeningTooLarge) {
+			reason = "too_large"
+		}
+		s.refuse(sess, reason, "unreadable first message on a stream", zap.Error(err))
 		_ = stream.Close()
 		return
 	}
