@@ -1,6 +1,7 @@
 package server
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -10,6 +11,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if plan := os.Getenv(floodEnv); plan != "" {
+		os.Exit(runFloodChild(plan)) // this process is a hostile client; see flood_test.go
+	}
 	// frp logs through a process-wide logger to stdout; tests read tether's
 	// own logs instead.
 	tunnel.BridgeFRPLog(zap.NewNop())

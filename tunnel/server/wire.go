@@ -39,13 +39,6 @@ const v1HeaderSize = 1 + 8
 // maxMsgLength).
 const frpMaxV1Message = 10240
 
-// maxOpeningSize bounds a stream's first frp message, the only message the
-// gate reads, and is checked in the frame header before the frame is
-// allocated. It is frp's own bound for a v1 message, so every opening frp
-// could read still passes; the largest login a tether client sends (32
-// routes with long upstream names, a token with long claims) is about 6 KiB.
-const maxOpeningSize = frpMaxV1Message
-
 // v2 framing (frp pkg/proto/wire): type uint16, flags uint16, length uint32.
 const v2HeaderSize = 8
 
