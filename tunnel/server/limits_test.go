@@ -141,11 +141,10 @@ func TestSourceKey(t *testing.T) {
 func TestSecondStreamBeforeLoginClosesTheSession(t *testing.T) {
 	s := startServer(t)
 	c := dialRaw(t, s.tunnel)
-	for range 2 {
-		if _, err := c.mux.OpenStream(); err != nil {
-			t.Fatal(err)
-		}
+	if _, err := c.mux.OpenStream(); err != nil {
+		t.Fatal(err)
 	}
+	_, _ = c.mux.OpenStream() // may see the session end already
 	select {
 	case <-c.mux.CloseChan():
 	case <-time.After(5 * time.Second):
@@ -236,9 +235,7 @@ func TestOversizedOpeningIsRefused(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if _, err := stream.Write(opening); err != nil {
-				t.Fatal(err)
-			}
+			_, _ = stream.Write(opening) // may see the session end already
 			select {
 			case <-c.mux.CloseChan():
 			case <-time.After(5 * time.Second):
@@ -332,9 +329,7 @@ func TestStreamsOfALoggedInClientAreCapped(t *testing.T) {
 	if reason := sess.CloseReason(); reason != "" {
 		t.Fatalf("the session closed at %d streams: %s", maxClientStreams, reason)
 	}
-	if _, err := c.mux.OpenStream(); err != nil {
-		t.Fatal(err)
-	}
+	_, _ = c.mux.OpenStream() // may see the session end already
 	select {
 	case <-c.mux.CloseChan():
 	case <-time.After(5 * time.Second):

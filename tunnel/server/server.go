@@ -76,7 +76,7 @@ type Config struct {
 	LoginTimeout time.Duration
 	// MaxAnonymous caps the tunnel connections that have not logged in,
 	// counted from TCP accept; more are closed at once, before TLS.
-	// Default 1024, which bounds their memory to at most 128 MiB (see
+	// Default 1024, which bounds their memory to at most 160 MiB (see
 	// limits.go and README.md).
 	MaxAnonymous int
 	// MaxAnonymousPerIP caps the connections that have not logged in from
