@@ -69,6 +69,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzRoutePath$$' -fuzztime $(FUZZTIME) ./proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzDialRequest$$' -fuzztime $(FUZZTIME) ./tunnel/
 	$(GO) test -run '^$$' -fuzz '^FuzzDialReply$$' -fuzztime $(FUZZTIME) ./tunnel/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadOpening$$' -fuzztime $(FUZZTIME) ./tunnel/server/
 
 bench: ## Go benchmarks of the request path (see also bench-compare)
 	$(GO) test -run '^$$' -bench . -benchmem ./tunnel/server/ ./tunnel/server/registry/ ./proxy/

@@ -53,6 +53,24 @@ func TestServerOptionsPrecedence(t *testing.T) {
 	if got.HeartbeatTimeout != 60*time.Second {
 		t.Errorf("heartbeat-timeout = %v, want the 60s default", got.HeartbeatTimeout)
 	}
+	if got.MaxAnonymousPerIP != 64 {
+		t.Errorf("max-anonymous-per-ip = %d, want the default 64", got.MaxAnonymousPerIP)
+	}
+}
+
+// A negative --max-anonymous-per-ip is refused with a message naming it.
+func TestServerRefusesANegativeAnonymousCap(t *testing.T) {
+	dir := t.TempDir()
+	priv, pub := filepath.Join(dir, "key.pem"), filepath.Join(dir, "key.pub.pem")
+	if err := auth.GenerateKeyPair(auth.EdDSA, priv, pub); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runTether(t, map[string]string{"TETHER_MAX_ANONYMOUS_PER_IP": "-1"}, runners{},
+		"server", "--domain", "tunnels.example.com", "--jwt-public-key", pub, "--tunnel-addr", "127.0.0.1:0",
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0")
+	if code != exitUsage || !strings.Contains(stderr, "--max-anonymous-per-ip -1") {
+		t.Errorf("exit %d, stderr %q; want exit %d naming --max-anonymous-per-ip -1", code, stderr, exitUsage)
+	}
 }
 
 func TestClientRoutesFromFileAndEnv(t *testing.T) {

@@ -31,6 +31,7 @@ type ServerOptions struct {
 	TrustedProxies    []string
 	HeartbeatTimeout  time.Duration
 	ShutdownTimeout   time.Duration
+	MaxAnonymousPerIP int
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -50,7 +51,11 @@ on --http-addr, and only there. --admin-addr serves /healthz, /readyz,
 Without --tls-cert/--tls-key the tunnel listener uses a self-signed
 certificate and logs its SHA-256 fingerprint (pin it on clients with
 --tls-fingerprint). On SIGTERM the server drains: readiness fails, no new
-clients are accepted, in-flight requests get --shutdown-timeout to finish.`,
+clients are accepted, in-flight requests get --shutdown-timeout to finish.
+
+A connection must log in promptly, and may send little before it has;
+connections not yet logged in are capped (1024 in all, and
+--max-anonymous-per-ip from one address) and closed before TLS over the cap.`,
 		Example: `  tether server --domain tunnels.example.com --jwt-public-key /etc/tether/jwt.pub.pem \
     --tls-cert /etc/tether/tls.crt --tls-key /etc/tether/tls.key`,
 		Args: cobra.NoArgs,
@@ -77,6 +82,7 @@ clients are accepted, in-flight requests get --shutdown-timeout to finish.`,
 	fl.StringSliceVar(&opts.TrustedProxies, "trusted-proxies", nil, "CIDRs (or IPs) of proxies in front of --http-addr whose X-Forwarded-* headers are kept")
 	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 60*time.Second, "drop a client connection that stays silent this long (a client that returns takes its route over at once anyway)")
 	fl.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may take before tunnels close")
+	fl.IntVar(&opts.MaxAnonymousPerIP, "max-anonymous-per-ip", 64, "tunnel connections not yet logged in allowed from one client address (an IPv6 /64); more are closed before TLS. Raise it when a load balancer in front hides client addresses (externalTrafficPolicy: Cluster)")
 	return cmd
 }
 
@@ -91,17 +97,18 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 		return invalid(err)
 	}
 	srv, err := server.New(server.Config{
-		TunnelAddr:       opts.TunnelAddr,
-		HTTPAddr:         opts.HTTPAddr,
-		AdminAddr:        opts.AdminAddr,
-		Domain:           opts.Domain,
-		PublicURL:        opts.PublicURL,
-		TLSCertFile:      opts.TLSCert,
-		TLSKeyFile:       opts.TLSKey,
-		AdminTokenFile:   opts.AdminTokenFile,
-		TrustedProxies:   trusted,
-		HeartbeatTimeout: opts.HeartbeatTimeout,
-		ShutdownTimeout:  opts.ShutdownTimeout,
+		TunnelAddr:        opts.TunnelAddr,
+		HTTPAddr:          opts.HTTPAddr,
+		AdminAddr:         opts.AdminAddr,
+		Domain:            opts.Domain,
+		PublicURL:         opts.PublicURL,
+		TLSCertFile:       opts.TLSCert,
+		TLSKeyFile:        opts.TLSKey,
+		AdminTokenFile:    opts.AdminTokenFile,
+		TrustedProxies:    trusted,
+		HeartbeatTimeout:  opts.HeartbeatTimeout,
+		ShutdownTimeout:   opts.ShutdownTimeout,
+		MaxAnonymousPerIP: opts.MaxAnonymousPerIP,
 	}, verifier, log)
 	if err != nil {
 		return invalid(err)

@@ -32,16 +32,23 @@ import (
 // connection reaches frp only from its own tunnel's current session. frp's
 // "internal" listener mode is never used for client streams: it skips
 // control encryption and honours a login's AlwaysAuthPass.
+//
+// The tunnel port is open to anyone, so what a connection may cost before
+// it has logged in is bounded, and so are the streams of a logged-in one:
+// see limits.go.
 
 const (
 	// handshakeTimeout bounds TLS (and websocket) handshakes.
 	handshakeTimeout = 10 * time.Second
-	// openingTimeout bounds reading the first frp message of a stream.
+	// openingTimeout bounds reading the first frp message of a stream (the
+	// login's is bounded tighter, by loginOpeningTimeout).
 	openingTimeout = 10 * time.Second
 	// frpTLSHeadByte is frp's optional byte before a TLS ClientHello
 	// (transport.tls.disableCustomTLSFirstByte = false).
 	frpTLSHeadByte     = 0x17
 	tlsRecordHandshake = 0x16
+	// peekBufferSize is bufio's smallest buffer.
+	peekBufferSize = 16
 	// controlCloseGrace is how long a session outlives its closed control
 	// stream, unless the client closes it first.
 	controlCloseGrace = 2 * time.Second
@@ -63,30 +70,68 @@ func (s *Server) serveTunnel(ln net.Listener) error {
 			continue
 		}
 		delay = 0
-		s.conns.Go(func() { s.serveTunnelConn(conn) })
+		slot, refused := s.anonymous.acquire(conn.RemoteAddr())
+		if slot == nil {
+			s.refuseConn(conn, refused)
+			continue
+		}
+		s.conns.Go(func() { s.serveTunnelConn(conn, slot) })
 	}
 }
 
-// serveTunnelConn runs one client connection until it ends.
-func (s *Server) serveTunnelConn(raw net.Conn) {
-	conn, transport, err := s.handshake(raw)
+// refuseConn closes a connection over the anonymous caps at once, before
+// TLS, with a reset so that no socket lingers in TIME_WAIT.
+func (s *Server) refuseConn(conn net.Conn, reason string) {
+	if tc, ok := conn.(*net.TCPConn); ok {
+		_ = tc.SetLinger(0)
+	}
+	s.metrics.connectionsRefused.WithLabelValues(reason).Inc()
+	_ = conn.Close()
+	limit := s.cfg.MaxAnonymous
+	if reason == refusedAnonymousPerIP {
+		limit = s.cfg.MaxAnonymousPerIP
+	}
+	s.floodLog.Warn("tunnel connection refused: too many connections that have not logged in",
+		zap.String("client_address", conn.RemoteAddr().String()), zap.String("reason", reason), zap.Int("limit", limit))
+}
+
+// serveTunnelConn runs one client connection until it ends. slot is its
+// place among the anonymous connections, given back at login or at the end.
+func (s *Server) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
+	defer slot.release()
+	limits := newConnLimits(loginBudget)
+	conn, transport, err := s.handshake(&budgetConn{Conn: raw, limits: limits})
 	if err != nil {
 		_ = raw.Close()
-		s.log.Debug("tunnel handshake failed", zap.String("remote_addr", raw.RemoteAddr().String()), zap.Error(err))
+		if lim := limits.tripped.Load(); lim != nil {
+			s.metrics.sessionsLimited.WithLabelValues(lim.reason).Inc()
+		}
+		s.floodLog.Debug("tunnel handshake failed", zap.String("client_address", raw.RemoteAddr().String()), zap.Error(err))
 		return
 	}
-	counted := &countingConn{Conn: conn}
-	mux, err := yamux.Server(tunnel.CoalesceFrames(counted), s.yamuxConfig())
+	counted := &countingConn{Conn: &closeFirst{Conn: conn, raw: raw}}
+	guard := &muxGuard{Conn: counted, limits: limits}
+	mux, err := yamux.Server(tunnel.CoalesceFrames(guard), s.yamuxConfig())
 	if err != nil {
 		_ = conn.Close()
 		s.log.Error("start yamux session", zap.Error(err))
 		return
 	}
 	sess := newSession(newSessionID(), counted, mux, transport, s.log.Named("session"))
+	sess.limits, sess.slot = limits, slot
 	s.tenancy.add(sess)
+	// The login must arrive early enough to leave time for its check.
+	openBy := min(loginOpeningTimeout, s.cfg.LoginTimeout/2)
+	sess.after(openBy, func() {
+		if !sess.opened.Load() {
+			s.closeAtLimit(sess, &limitError{reason: limitNoLogin,
+				detail: fmt.Sprintf("no login within %v of the handshake", openBy)})
+		}
+	})
 	sess.after(s.cfg.LoginTimeout, func() {
 		if sess.Tunnel() == "" {
-			sess.Close(fmt.Sprintf("no successful login within %v", s.cfg.LoginTimeout))
+			s.closeAtLimit(sess, &limitError{reason: limitLoginTimeout,
+				detail: fmt.Sprintf("no successful login within %v", s.cfg.LoginTimeout)})
 		}
 	})
 
@@ -98,7 +143,23 @@ func (s *Server) serveTunnelConn(raw net.Conn) {
 			endErr = err
 			break
 		}
-		streams.Go(func() { s.admitStream(sess, stream) })
+		// Before login muxGuard lets one stream through; this bounds the
+		// streams of a logged-in client.
+		if n := sess.clientStreams.Add(1); n > maxClientStreams {
+			_ = stream.Close()
+			s.closeAtLimit(sess, &limitError{reason: limitStreams,
+				detail: fmt.Sprintf("opened more than %d streams at once", maxClientStreams)})
+			continue // AcceptStream now fails
+		}
+		cs := &clientStream{Stream: stream, sess: sess}
+		if !sess.track(stream) {
+			_ = cs.Close()
+			continue
+		}
+		streams.Go(func() { s.admitStream(sess, cs) })
+	}
+	if lim := limits.tripped.Load(); lim != nil {
+		s.closeAtLimit(sess, lim)
 	}
 	sess.Close("connection lost: " + describeEnd(endErr))
 	streams.Wait()
@@ -110,6 +171,19 @@ func (s *Server) serveTunnelConn(raw net.Conn) {
 			zap.Duration("duration", time.Since(info.ConnectedSince)),
 			zap.Uint64("bytes_in", info.BytesIn), zap.Uint64("bytes_out", info.BytesOut))
 	}
+}
+
+// closeAtLimit closes a session that went over lim, and counts and logs it
+// unless the session had already ended.
+func (s *Server) closeAtLimit(sess *Session, lim *limitError) {
+	if sess.setCloseReason(lim.detail) {
+		s.metrics.sessionsLimited.WithLabelValues(lim.reason).Inc()
+		// One message per reason, so that a flood of one kind does not
+		// hide another from the sampled log.
+		s.floodLog.Warn("tunnel connection closed at a limit: "+lim.reason, zap.String("client_address", sess.remoteAddr),
+			zap.String("tunnel", sess.Tunnel()), zap.String("detail", lim.detail))
+	}
+	sess.Close(lim.detail)
 }
 
 // describeEnd turns yamux's end-of-session error into words for the log.
@@ -129,16 +203,27 @@ func describeEnd(err error) string {
 // admitStream reads the first frp message of a client stream and decides
 // whether frp may see the stream: a login (stamped with this session's ID so
 // the auth plugin can bind it) or a work connection of this session's own
-// tunnel. Everything else is refused.
+// tunnel. Everything else is refused, and ends the session: neither a
+// tether client nor frpc opens such a stream, and yamux would keep
+// buffering what the client sends on a refused stream until the client
+// closes it too.
 func (s *Server) admitStream(sess *Session, stream net.Conn) {
 	_ = stream.SetReadDeadline(time.Now().Add(openingTimeout))
-	op, err := readOpening(stream)
+	op, err := readOpening(stream, maxOpeningSize)
 	_ = stream.SetReadDeadline(time.Time{})
 	if err != nil {
-		s.refuse(sess, "malformed", "unreadable first message on a stream", zap.Error(err))
-		_ = stream.Close()
+		if !sess.alive() {
+			_ = stream.Close() // the session ended under the read
+			return
+		}
+		reason := "malformed"
+		if errors.Is(err, errOpeningTooLarge) {
+			reason = "too_large"
+		}
+		s.refuse(sess, stream, reason, "unreadable first message on a stream", zap.Error(err))
 		return
 	}
+	sess.opened.Store(true)
 	switch m := op.Msg.(type) {
 	case *msg.Login:
 		if _, probe := m.Metas[tunnel.ProbeMetaKey]; probe {
@@ -154,8 +239,7 @@ func (s *Server) admitStream(sess *Session, stream net.Conn) {
 			routes = &r
 		}
 		if !sess.startLogin(version, routes) {
-			s.refuse(sess, "second_login", "second login on one connection")
-			_ = stream.Close()
+			s.refuse(sess, stream, "second_login", "second login on one connection")
 			return
 		}
 		if m.Metas == nil {
@@ -167,36 +251,37 @@ func (s *Server) admitStream(sess *Session, stream net.Conn) {
 		// after a grace that lets frp's last words (a login rejection)
 		// reach the client: closing a connection that still has unread
 		// bytes resets it, and the client would see only the reset.
-		s.toFRP(op, &controlStream{Conn: stream, end: func() {
+		s.toFRP(sess, op, &controlStream{Conn: stream, end: func() {
 			sess.after(controlCloseGrace, func() { sess.Close("control connection closed") })
 		}})
 	case *msg.NewWorkConn:
 		if err := s.tenancy.admitsWork(sess, m.RunID); err != nil {
-			s.refuse(sess, "foreign_work_conn", "work connection refused", zap.Error(err))
-			_ = stream.Close()
+			s.refuse(sess, stream, "foreign_work_conn", "work connection refused", zap.Error(err))
 			return
 		}
-		s.toFRP(op, stream)
+		s.toFRP(sess, op, stream)
 	default:
-		s.refuse(sess, "message_type", "stream refused", zap.String("message", fmt.Sprintf("%T", m)))
-		_ = stream.Close()
+		s.refuse(sess, stream, "message_type", "stream refused", zap.String("message", fmt.Sprintf("%T", m)))
 	}
 }
 
-// refuse counts and logs a refused stream. Callers close the stream after
-// it, so that whoever sees the stream end also sees it counted.
-func (s *Server) refuse(sess *Session, reason, logMsg string, fields ...zap.Field) {
+// refuse counts and logs a refused stream, then closes it and its session,
+// in that order, so that whoever sees the stream end also sees it counted.
+func (s *Server) refuse(sess *Session, stream net.Conn, reason, logMsg string, fields ...zap.Field) {
 	s.metrics.refusedStreams.WithLabelValues(reason).Inc()
-	fields = append(fields, zap.String("client_address", sess.remoteAddr), zap.String("reason", reason))
-	sess.logger().Warn(logMsg, fields...)
+	fields = append(fields, zap.String("client_address", sess.remoteAddr), zap.String("tunnel", sess.Tunnel()), zap.String("reason", reason))
+	s.floodLog.Warn(logMsg, fields...)
+	_ = stream.Close()
+	sess.Close("stream refused: " + reason)
 }
 
 // toFRP hands a stream, its opening replayed, to the embedded frp server.
-func (s *Server) toFRP(op *opening, stream net.Conn) {
+func (s *Server) toFRP(sess *Session, op *opening, stream net.Conn) {
 	conn, err := op.replay(stream)
 	if err != nil {
-		_ = stream.Close()
-		s.log.Error("replay first message", zap.Error(err))
+		// A login stamped with the session's ID can outgrow what frp
+		// reads; frp would drop it without a word.
+		s.refuse(sess, stream, "too_large", "first message refused", zap.Error(err))
 		return
 	}
 	if !s.frpConns.Push(conn) {
@@ -210,7 +295,9 @@ func (s *Server) handshake(raw net.Conn) (net.Conn, string, error) {
 	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer func() { _ = raw.SetDeadline(time.Time{}) }()
 
-	br := bufio.NewReader(raw)
+	// Peeking needs a few bytes, and reads larger than the buffer bypass it:
+	// the smallest buffer saves 4 KiB per connection.
+	br := bufio.NewReaderSize(raw, peekBufferSize)
 	first, err := br.Peek(1)
 	if err != nil {
 		return nil, "", fmt.Errorf("read first byte: %w", err)
@@ -226,7 +313,7 @@ func (s *Server) handshake(raw net.Conn) (net.Conn, string, error) {
 	if err := tlsConn.HandshakeContext(ctx); err != nil {
 		return nil, "", fmt.Errorf("TLS handshake: %w", err)
 	}
-	tb := bufio.NewReader(tlsConn)
+	tb := bufio.NewReaderSize(tlsConn, peekBufferSize)
 	head, err := tb.Peek(4)
 	if err != nil {
 		return nil, "", fmt.Errorf("read after TLS handshake: %w", err)
@@ -243,7 +330,9 @@ func (s *Server) handshake(raw net.Conn) (net.Conn, string, error) {
 }
 
 func (s *Server) yamuxConfig() *yamux.Config {
-	return tunnel.MuxConfig(s.cfg.HeartbeatTimeout, s.log)
+	// yamux logs a line per odd frame (for a stream it reset, past its
+	// backlog), so its log is sampled like the refusals.
+	return tunnel.MuxConfig(s.cfg.HeartbeatTimeout, s.floodLog)
 }
 
 // newSessionID returns 128 random bits as hex.
@@ -264,6 +353,39 @@ type controlStream struct {
 func (c *controlStream) Close() error {
 	err := c.Conn.Close()
 	c.once.Do(c.end)
+	return err
+}
+
+// clientStream is a stream the client opened; closing it here takes it
+// off the session's count of open client streams.
+type clientStream struct {
+	*yamux.Stream
+	sess *Session
+	once sync.Once
+}
+
+func (c *clientStream) Close() error {
+	err := c.Stream.Close()
+	c.once.Do(func() {
+		c.sess.clientStreams.Add(-1)
+		c.sess.untrack(c.Stream)
+	})
+	return err
+}
+
+// closeFirst closes the TCP connection under a TLS (or wss) connection
+// before the connection itself, so that closing never waits: TLS would
+// first send close_notify, and wait up to 5s for a client that does not
+// read, while yamux keeps the session half shut (its blocked stream
+// readers spin meanwhile). Clients see the end of the connection either way.
+type closeFirst struct {
+	net.Conn
+	raw net.Conn
+}
+
+func (c *closeFirst) Close() error {
+	err := c.raw.Close()
+	_ = c.Conn.Close()
 	return err
 }
 

@@ -224,16 +224,42 @@ type rawClient struct {
 
 func dialRaw(t testing.TB, addr string) *rawClient {
 	t.Helper()
-	conn, err := tls.Dial("tcp", addr, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // test against a self-signed server
-	if err != nil {
-		t.Fatal(err)
-	}
+	return dialRawFrom(t, addr, "127.0.0.1")
+}
+
+// dialRawFrom is dialRaw from the local address src (any 127.0.0.x).
+func dialRawFrom(t testing.TB, addr, src string) *rawClient {
+	t.Helper()
+	conn := dialTLSFrom(t, addr, src)
 	mux, err := yamux.Client(conn, tunnel.MuxConfig(15*time.Second, zap.NewNop()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = mux.Close() })
 	return &rawClient{t: t, mux: mux}
+}
+
+// dialTLSFrom connects from src and completes TLS.
+func dialTLSFrom(t testing.TB, addr, src string) *tls.Conn {
+	t.Helper()
+	raw := dialTCPFrom(t, addr, src)
+	conn := tls.Client(raw, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // test against a self-signed server
+	if err := conn.HandshakeContext(t.Context()); err != nil {
+		t.Fatalf("TLS handshake from %s: %v", src, err)
+	}
+	return conn
+}
+
+// dialTCPFrom connects from src; the connection closes when the test ends.
+func dialTCPFrom(t testing.TB, addr, src string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
+	conn, err := d.DialContext(t.Context(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = conn.Close() })
+	return conn
 }
 
 // login sends a Login and returns the server's answer and the control stream.
@@ -262,7 +288,8 @@ func (c *rawClient) login(token, runID string) (*msg.LoginResp, net.Conn) {
 }
 
 // refused opens a stream, writes m and reports whether the server closed
-// the stream without a word. frp itself would answer or keep the stream.
+// the stream (and with it the connection) without a word. frp itself would
+// answer or keep the stream.
 func (c *rawClient) refused(m msg.Message) bool {
 	c.t.Helper()
 	stream, err := c.mux.OpenStream()
@@ -270,9 +297,9 @@ func (c *rawClient) refused(m msg.Message) bool {
 		c.t.Fatal(err)
 	}
 	defer stream.Close()
-	if err := msg.WriteMsg(stream, m); err != nil {
-		c.t.Fatal(err)
-	}
+	// The write may already see the connection closed, which is a refusal
+	// too: the read below then ends at once.
+	_ = msg.WriteMsg(stream, m)
 	_ = stream.SetReadDeadline(time.Now().Add(5 * time.Second))
 	got, err := msg.ReadMsg(stream)
 	if err == nil {

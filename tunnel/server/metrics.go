@@ -20,12 +20,15 @@ type metrics struct {
 	loginsRejected   *prometheus.CounterVec
 	routesRejected   *prometheus.CounterVec
 	refusedStreams   *prometheus.CounterVec
-	probes           *prometheus.CounterVec
-	unrouted         *prometheus.CounterVec
-	requestDuration  *prometheus.HistogramVec
+	// The gate's limits (limits.go).
+	connectionsRefused *prometheus.CounterVec
+	sessionsLimited    *prometheus.CounterVec
+	probes             *prometheus.CounterVec
+	unrouted           *prometheus.CounterVec
+	requestDuration    *prometheus.HistogramVec
 }
 
-func newMetrics(registry Registry) *metrics {
+func newMetrics(registry Registry, anonymous *anonymousSlots) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		sessionsReplaced: prometheus.NewCounter(prometheus.CounterOpts{
@@ -46,8 +49,16 @@ func newMetrics(registry Registry) *metrics {
 		}, []string{"reason"}),
 		refusedStreams: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_streams_refused_total",
-			Help: "Client streams refused by the session layer before reaching frp, by reason.",
+			Help: "Client streams refused by the session layer before reaching frp, by reason (malformed, too_large, second_login, foreign_work_conn, message_type); the session that opened one is closed.",
 		}, []string{"reason"}),
+		connectionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_connections_refused_total",
+			Help: "Tunnel connections closed at accept, before TLS, because too many connections that have not logged in are open: in total (anonymous) or from the client's address (anonymous_per_ip).",
+		}, []string{"reason"}),
+		sessionsLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_sessions_closed_by_limit_total",
+			Help: "Tunnel connections closed for going over a limit, by limit: login_budget (sent too much before logging in), stream_before_login, no_login (no login soon after the handshake), login_timeout, streams (too many open at once), pings (too frequent).",
+		}, []string{"limit"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_login_probes_total",
 			Help: "Login probes (tether diagnose) answered, by result (accepted, rejected).",
@@ -65,6 +76,11 @@ func newMetrics(registry Registry) *metrics {
 	m.reg.MustRegister(
 		m.sessionsReplaced, m.loginsAccepted, m.loginsRejected, m.routesRejected,
 		m.refusedStreams, m.probes, m.unrouted, m.requestDuration,
+		m.connectionsRefused, m.sessionsLimited,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_anonymous_connections",
+			Help: "Tunnel connections accepted that have not logged in (yet): handshaking, logging in, or probing.",
+		}, func() float64 { return float64(anonymous.count()) }),
 		tunnelCollector{registry: registry},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

@@ -28,7 +28,8 @@ func (s *Server) answerProbe(sess *Session, stream net.Conn, login *msg.Login) {
 	defer func() { _ = stream.Close() }()
 	_ = stream.SetWriteDeadline(time.Now().Add(probeWriteTimeout))
 
-	log := sess.logger().With(zap.String("client_address", sess.remoteAddr))
+	// Anyone can make the server answer probes: their log is sampled.
+	log := s.floodLog.Named("session").With(zap.String("client_address", sess.remoteAddr))
 	claims, rej := auth.VerifyLoginToken(s.verifier, login.Metas)
 	if rej != nil {
 		s.metrics.probes.WithLabelValues("rejected").Inc()

@@ -3,9 +3,10 @@
 // <tunnel>.<domain>.
 //
 // The engine is an embedded frp server. In front of it sits tether's session
-// layer (the gate: TLS, yamux, one identity per connection), behind it the
-// auth plugin (JWT logins, route rules), and beside it the public HTTP entry
-// and the admin endpoints.
+// layer (the gate: TLS, yamux, one identity per connection, and limits on
+// what a connection may cost before it has logged in), behind it the auth
+// plugin (JWT logins, route rules), and beside it the public HTTP entry and
+// the admin endpoints.
 //
 //	srv, err := server.New(server.Config{
 //		TunnelAddr: ":7000", HTTPAddr: ":8080", AdminAddr: "127.0.0.1:7700",
@@ -74,6 +75,15 @@ type Config struct {
 	HeartbeatTimeout time.Duration
 	// LoginTimeout is how long a new connection has to log in. Default 30s.
 	LoginTimeout time.Duration
+	// MaxAnonymous caps the tunnel connections that have not logged in,
+	// counted from TCP accept; more are closed at once, before TLS.
+	// Default 1024, which bounds their memory to at most 160 MiB (see
+	// limits.go and README.md).
+	MaxAnonymous int
+	// MaxAnonymousPerIP caps the connections that have not logged in from
+	// one source address (an IPv6 /64). Default 64. Raise it when a load
+	// balancer in front hides the clients' addresses.
+	MaxAnonymousPerIP int
 	// ShutdownTimeout bounds the drain on shutdown: in-flight requests get
 	// this long to finish before the tunnels close. Default 25s.
 	ShutdownTimeout time.Duration
@@ -88,6 +98,12 @@ func (c *Config) setDefaults() {
 	}
 	if c.ShutdownTimeout == 0 {
 		c.ShutdownTimeout = 25 * time.Second
+	}
+	if c.MaxAnonymous == 0 {
+		c.MaxAnonymous = defaultMaxAnonymous
+	}
+	if c.MaxAnonymousPerIP == 0 {
+		c.MaxAnonymousPerIP = defaultMaxAnonymousPerIP
 	}
 	c.Domain = strings.Trim(strings.ToLower(c.Domain), ".")
 }
@@ -134,6 +150,12 @@ func (c *Config) Validate() error {
 	if c.AdminTokenFile == "" && !isLoopback(c.AdminAddr) {
 		errs = append(errs, fmt.Errorf("--admin-addr %q is not a loopback address: set --admin-token-file to protect /api/ and /metrics, or listen on 127.0.0.1", c.AdminAddr))
 	}
+	if c.MaxAnonymous < 0 {
+		errs = append(errs, fmt.Errorf("MaxAnonymous %d: want a positive number of connections, or 0 for the default %d", c.MaxAnonymous, defaultMaxAnonymous))
+	}
+	if c.MaxAnonymousPerIP < 0 {
+		errs = append(errs, fmt.Errorf("--max-anonymous-per-ip %d: want a positive number of connections, or 0 for the default %d", c.MaxAnonymousPerIP, defaultMaxAnonymousPerIP))
+	}
 	if c.HeartbeatTimeout < 3*time.Second {
 		errs = append(errs, fmt.Errorf("--heartbeat-timeout %v: want at least 3s", c.HeartbeatTimeout))
 	}
@@ -176,6 +198,10 @@ type Server struct {
 	registry   Registry
 	metrics    *metrics
 	tenancy    *tenancy
+	anonymous  *anonymousSlots
+	// floodLog is log, sampled: for what a client can make the server log
+	// as often as it likes (refused connections and streams, limits).
+	floodLog *zap.Logger
 
 	frpConns     *tunnel.ConnListener // streams the gate admitted, for frp
 	frpVhostAddr string               // frp's HTTP vhost, for stock frpc tunnels
@@ -232,7 +258,12 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	}
 	s.certs = certs
 	s.tlsConfig = &tls.Config{GetCertificate: certs.GetCertificate, MinVersion: tls.VersionTLS12}
-	s.metrics = newMetrics(s.registry)
+	s.anonymous = newAnonymousSlots(cfg.MaxAnonymous, cfg.MaxAnonymousPerIP)
+	s.floodLog = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		// Per message: the first 5 every 10s, then none until the next 10s.
+		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
+	}))
+	s.metrics = newMetrics(s.registry, s.anonymous)
 	s.tenancy = newTenancy(verifier, s.registry, s.metrics, log.Named("tenancy"), s.forwarder)
 	return s, nil
 }

@@ -36,6 +36,21 @@ type Session struct {
 	conn        *countingConn
 	baseLog     *zap.Logger
 
+	// Set by the gate before the session is shared: the connection's
+	// limits, and its place among the anonymous connections. The login
+	// budget and the place end at login.
+	limits *connLimits
+	slot   *anonymousSlot
+	// clientStreams counts the streams the client opened that are still
+	// open here.
+	clientStreams atomic.Int32
+	// streams are the session's open streams, opened by either side.
+	streamsMu sync.Mutex
+	streams   map[*yamux.Stream]struct{}
+	closing   bool
+	// opened is set once the first stream's opening has been read.
+	opened atomic.Bool
+
 	// requests counts answered requests by status class: index 1..5 for
 	// 1xx..5xx, index 0 for requests that failed before any response.
 	requests [6]atomic.Uint64
@@ -64,6 +79,7 @@ func newSession(id string, conn *countingConn, mux *yamux.Session, transport str
 		conn:        conn,
 		baseLog:     log,
 		log:         log,
+		streams:     make(map[*yamux.Stream]struct{}),
 	}
 }
 
@@ -79,15 +95,61 @@ func (s *Session) Done() <-chan struct{} { return s.mux.CloseChan() }
 
 // Close ends the session for reason, once; later calls keep the first reason.
 func (s *Session) Close(reason string) {
+	s.setCloseReason(reason)
+	s.interruptReads()
+	_ = s.mux.Close()
+}
+
+// track records an open stream of the session. It returns false when the
+// session is closing; the caller then closes the stream.
+func (s *Session) track(st *yamux.Stream) bool {
+	s.streamsMu.Lock()
+	defer s.streamsMu.Unlock()
+	if s.closing {
+		return false
+	}
+	s.streams[st] = struct{}{}
+	return true
+}
+
+// untrack forgets a stream that was closed.
+func (s *Session) untrack(st *yamux.Stream) {
+	s.streamsMu.Lock()
+	defer s.streamsMu.Unlock()
+	delete(s.streams, st)
+}
+
+// interruptReads makes every read on the session's streams return now.
+// While a hashicorp/yamux v0.1.2 session shuts down, a read blocked on one
+// of its streams spins until the shutdown reaches that stream: with a few
+// hundred streams, that is seconds of every CPU.
+func (s *Session) interruptReads() {
+	s.streamsMu.Lock()
+	s.closing = true
+	streams := make([]*yamux.Stream, 0, len(s.streams))
+	for st := range s.streams {
+		streams = append(streams, st)
+	}
+	s.streamsMu.Unlock()
+	now := time.Now()
+	for _, st := range streams {
+		_ = st.SetReadDeadline(now)
+	}
+}
+
+// setCloseReason records why the session ends, unless a reason was given
+// before, and reports whether this call gave it. Close follows.
+func (s *Session) setCloseReason(reason string) (first bool) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	if s.closeReason == "" {
 		s.closeReason = reason
+		first = true
 	}
 	for _, t := range s.timers {
 		t.Stop()
 	}
-	s.mu.Unlock()
-	_ = s.mux.Close()
+	return first
 }
 
 // CloseReason says why the session ended ("" while it is open).
@@ -96,6 +158,10 @@ func (s *Session) CloseReason() string {
 	defer s.mu.Unlock()
 	return s.closeReason
 }
+
+// alive reports whether the session is open and its connection has not
+// ended, whether or not the gate has noticed yet.
+func (s *Session) alive() bool { return s.CloseReason() == "" && !s.mux.IsClosed() }
 
 // after runs f after d unless the session closes first.
 func (s *Session) after(d time.Duration, f func()) {
@@ -165,6 +231,8 @@ func (s *Session) bind(claims *auth.Claims, forward http.Handler) bool {
 	}
 	s.claims = claims
 	s.loggedInAt = time.Now()
+	s.limits.lift()
+	s.slot.release()
 	s.forward = forward
 	s.log = s.baseLog.With(zap.String("tunnel", claims.Tunnel))
 	return true
@@ -222,6 +290,10 @@ func (s *Session) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	if err != nil {
 		return nil, &tunnelClosedError{tunnel: s.Tunnel()}
 	}
+	if !s.track(stream) {
+		_ = stream.Close()
+		return nil, &tunnelClosedError{tunnel: s.Tunnel()}
+	}
 	if deadline, ok := ctx.Deadline(); ok {
 		_ = stream.SetDeadline(deadline)
 	}
@@ -230,6 +302,7 @@ func (s *Session) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	code, msg, err := dialThrough(stream, addr)
 	if err != nil {
 		_ = stream.Close()
+		s.untrack(stream)
 		select {
 		case <-s.Done():
 			return nil, &tunnelClosedError{tunnel: s.Tunnel()}
@@ -242,10 +315,11 @@ func (s *Session) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	}
 	if code != tunnel.DialOK {
 		_ = stream.Close()
+		s.untrack(stream)
 		return nil, dialFailure(addr, code, msg)
 	}
 	_ = stream.SetDeadline(time.Time{})
-	return &tunnelConn{Conn: stream, sess: s}, nil
+	return &tunnelConn{Conn: stream, stream: stream, sess: s}, nil
 }
 
 func dialThrough(stream net.Conn, addr string) (tunnel.DialCode, string, error) {
@@ -307,7 +381,15 @@ func (e *notAllowedError) Response() (int, string, string) {
 // disconnected" rather than blaming the upstream.
 type tunnelConn struct {
 	net.Conn
-	sess *Session
+	stream *yamux.Stream
+	sess   *Session
+	once   sync.Once
+}
+
+func (c *tunnelConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() { c.sess.untrack(c.stream) })
+	return err
 }
 
 func (c *tunnelConn) Read(p []byte) (int, error) {

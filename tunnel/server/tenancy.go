@@ -85,13 +85,19 @@ func (t *tenancy) Login(sessionID string, claims *auth.Claims) error {
 	if !sess.bind(claims, forward) {
 		return &auth.RejectError{Reason: auth.ReasonSession, Detail: "this connection has already logged in; open a new connection"}
 	}
+	// Only a live connection takes the tunnel over: a login whose
+	// connection died on the way must not end the session that works. The
+	// gate may not have noticed the death yet, so ask the connection too.
+	if !sess.alive() {
+		return &auth.RejectError{Reason: auth.ReasonSession, Detail: "the connection closed during login; reconnect"}
+	}
 	if old := t.registry.Claim(sess); old != nil {
 		old.Close("replaced by a new login from " + sess.remoteAddr)
 		t.metrics.sessionsReplaced.Inc()
 		t.log.Info("session replaced", zap.String("tunnel", claims.Tunnel),
 			zap.String("old_client_address", old.remoteAddr), zap.String("client_address", sess.remoteAddr))
 	}
-	if sess.CloseReason() != "" {
+	if !sess.alive() {
 		// The connection ended while we claimed the name: give it back.
 		t.registry.Release(sess)
 		return &auth.RejectError{Reason: auth.ReasonSession, Detail: "the connection closed during login; reconnect"}

@@ -19,7 +19,13 @@ import (
 // websocket as a net.Conn. Networks that let only HTTPS out still reach the
 // tunnel this way.
 func acceptWebsocket(conn net.Conn, log *zap.Logger) (net.Conn, error) {
-	accepted := make(chan net.Conn, 1)
+	// The handler hands the websocket over on accepted, unbuffered, so that
+	// either this function takes it or the handler learns through gaveUp
+	// that nobody will, and closes it: an upgrade that completes as the
+	// timer fires must not leave a handler waiting forever.
+	accepted := make(chan net.Conn)
+	gaveUp := make(chan struct{})
+	defer close(gaveUp)
 	mux := http.NewServeMux()
 	mux.Handle(tunnel.WebsocketPath, websocket.Server{
 		// The tunnel is not a browser API: any Origin may connect, and the
@@ -28,9 +34,14 @@ func acceptWebsocket(conn net.Conn, log *zap.Logger) (net.Conn, error) {
 		Handler: func(ws *websocket.Conn) {
 			ws.PayloadType = websocket.BinaryFrame
 			c := &wsConn{Conn: ws, remote: conn.RemoteAddr(), done: make(chan struct{})}
-			accepted <- c
-			// x/net/websocket closes the connection when the handler returns.
-			<-c.done
+			select {
+			case accepted <- c:
+				// x/net/websocket closes the connection when the handler
+				// returns, so it returns only once the session is done.
+				<-c.done
+			case <-gaveUp:
+				_ = c.Close()
+			}
 		},
 	})
 	// Anything else is a person (or `tether diagnose`, reading the Date
@@ -43,19 +54,28 @@ func acceptWebsocket(conn net.Conn, log *zap.Logger) (net.Conn, error) {
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: handshakeTimeout,
-		ErrorLog:          zap.NewStdLog(log.Named("wss")),
+		// Before login every byte a client makes the server hold counts
+		// against it (see limits.go); an upgrade request needs a few
+		// hundred bytes, net/http's default would allow 1 MB.
+		MaxHeaderBytes: maxUpgradeHeaderBytes,
+		ErrorLog:       zap.NewStdLog(log.Named("wss")),
 	}
 	go func() { _ = srv.Serve(ln) }() // returns after its one connection; the handler outlives it
+	timer := time.NewTimer(handshakeTimeout)
+	defer timer.Stop()
 	select {
 	case c := <-accepted:
 		return c, nil
 	case <-ln.conn.closed:
 		return nil, fmt.Errorf("wss upgrade refused: the request was not a websocket upgrade to %s", tunnel.WebsocketPath)
-	case <-time.After(handshakeTimeout):
+	case <-timer.C:
 		_ = conn.Close()
 		return nil, errors.New("wss upgrade timed out")
 	}
 }
+
+// maxUpgradeHeaderBytes bounds the header of the wss upgrade request.
+const maxUpgradeHeaderBytes = 8 << 10
 
 // wsConn is a server-side websocket whose RemoteAddr is the client's address
 // (x/net/websocket reports the Origin instead).

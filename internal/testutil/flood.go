@@ -1,0 +1,270 @@
+package testutil
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Attack is what a Flood does on each of its connections to a tunnel port.
+// None of them ever logs in.
+type Attack string
+
+// The attacks.
+const (
+	// AttackIdle connects and sends nothing (a TLS slowloris).
+	AttackIdle Attack = "idle"
+	// AttackHello sends most of a huge TLS ClientHello (announcing 60,000
+	// bytes), Budget bytes in all, then nothing.
+	AttackHello Attack = "hello"
+	// AttackStreams completes TLS and opens Streams yamux streams at once,
+	// each starting an frp v2 frame that announces 64 KiB, then nothing.
+	AttackStreams Attack = "streams"
+	// AttackAnnounce completes TLS and opens one stream starting an frp v2
+	// frame that announces 64 KiB, then nothing.
+	AttackAnnounce Attack = "announce"
+	// AttackFrame completes TLS and opens one stream with a yamux data
+	// frame that announces what is left of Budget, then nothing: yamux
+	// allocates a frame's announced length up front.
+	AttackFrame Attack = "frame"
+	// AttackHelloFrame is AttackFrame after a ClientHello of 15 KB (long
+	// ALPN protocol names), which TLS keeps buffers for.
+	AttackHelloFrame Attack = "hello+frame"
+	// AttackOpening completes TLS and opens one stream sending all but the
+	// last bytes of an frp v1 message announcing 10,240 bytes (frp's
+	// largest), then nothing.
+	AttackOpening Attack = "opening"
+)
+
+// Flood opens PerSource connections from each of Sources (local IP
+// addresses; every 127.0.0.x works on Linux loopback) to Addr, and does
+// Attack on each.
+type Flood struct {
+	Addr      string
+	Sources   []string
+	PerSource int
+	Attack    Attack
+	// Streams is the number of streams of AttackStreams.
+	Streams int
+	// Budget is the bytes the server accepts before a login (AttackFrame
+	// and AttackHello stay just under it).
+	Budget int
+}
+
+// FloodConns are the connections of a running flood.
+type FloodConns struct {
+	conns []*floodConn
+	wg    sync.WaitGroup
+}
+
+type floodConn struct {
+	raw      net.Conn
+	sent     atomic.Int64
+	attacked time.Time     // when the attack was sent
+	closed   chan struct{} // closed when the server closed the connection
+	closedAt atomic.Int64  // unix nanos
+	failed   error         // the dial or the TLS handshake failed
+}
+
+func (c *floodConn) Write(p []byte) (int, error) {
+	n, err := c.raw.Write(p)
+	c.sent.Add(int64(n))
+	return n, err
+}
+
+// Start runs the flood: it returns once every connection has been made
+// and has sent its attack, or failed to. The connections stay open until
+// Close.
+func (f Flood) Start(ctx context.Context) *FloodConns {
+	fc := &FloodConns{}
+	var setup sync.WaitGroup
+	for _, src := range f.Sources {
+		for range f.PerSource {
+			c := &floodConn{closed: make(chan struct{})}
+			fc.conns = append(fc.conns, c)
+			setup.Go(func() { f.run(ctx, src, c, &fc.wg) })
+		}
+	}
+	setup.Wait()
+	return fc
+}
+
+func (f Flood) run(ctx context.Context, src string, c *floodConn, watchers *sync.WaitGroup) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
+	raw, err := d.DialContext(ctx, "tcp", f.Addr)
+	if err != nil {
+		c.failed = fmt.Errorf("dial from %s: %w", src, err)
+		close(c.closed)
+		return
+	}
+	c.raw = raw
+	c.failed = f.attack(ctx, c)
+	c.attacked = time.Now()
+	watchers.Go(c.watch)
+}
+
+func (f Flood) attack(ctx context.Context, c *floodConn) error {
+	switch f.Attack {
+	case AttackIdle:
+		return nil
+	case AttackHello:
+		return sendHugeClientHello(c, f.Budget)
+	}
+	cfg := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // an attacker does not verify
+	if f.Attack == AttackHelloFrame {
+		for i := range 60 {
+			cfg.NextProtos = append(cfg.NextProtos, fmt.Sprintf("%0250d", i))
+		}
+	}
+	tc := tls.Client(&sentCounter{Conn: c.raw, c: c}, cfg)
+	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := tc.HandshakeContext(hctx); err != nil {
+		return fmt.Errorf("TLS handshake: %w", err)
+	}
+	var out []byte
+	switch f.Attack {
+	case AttackStreams:
+		for i := range f.Streams {
+			out = append(out, muxFrame(muxFlagSYN, uint32(2*i+1), v2Announce(64<<10))...) //nolint:gosec // i is small
+		}
+	case AttackAnnounce:
+		out = muxFrame(muxFlagSYN, 1, v2Announce(64<<10))
+	case AttackFrame, AttackHelloFrame:
+		left := f.Budget - int(c.sent.Load()) - muxHeaderSize - 64 // what the guard sees may include a record header or two
+		out = muxHeader(muxFlagSYN, 1, uint32(max(left, 0)))       //nolint:gosec // left is small
+	case AttackOpening:
+		const n = 10240
+		m := make([]byte, 9+n-16)
+		m[0] = 'o'
+		binary.BigEndian.PutUint64(m[1:9], n)
+		out = muxFrame(muxFlagSYN, 1, m)
+	default:
+		return fmt.Errorf("unknown attack %q", f.Attack)
+	}
+	// The server may close the connection while the attack is written:
+	// watch tells.
+	_, _ = tc.Write(out)
+	return nil
+}
+
+// watch waits for the server to close the connection.
+func (c *floodConn) watch() {
+	buf := make([]byte, 512)
+	for {
+		if _, err := c.raw.Read(buf); err != nil {
+			c.closedAt.Store(time.Now().UnixNano())
+			close(c.closed)
+			return
+		}
+	}
+}
+
+// FloodReport counts a flood's connections.
+type FloodReport struct {
+	Conns  int // attempted
+	Failed int // the dial or the TLS handshake failed
+	Open   int // still open
+	// SlowestClose is the longest time from the attack to the server
+	// closing a connection, of those that did not fail.
+	SlowestClose time.Duration
+	// FirstError is the first failure, for messages.
+	FirstError error
+}
+
+// Report counts the connections now.
+func (fc *FloodConns) Report() FloodReport {
+	r := FloodReport{Conns: len(fc.conns)}
+	for _, c := range fc.conns {
+		if c.failed != nil {
+			r.Failed++
+			if r.FirstError == nil {
+				r.FirstError = c.failed
+			}
+			continue
+		}
+		select {
+		case <-c.closed:
+			r.SlowestClose = max(r.SlowestClose, time.Unix(0, c.closedAt.Load()).Sub(c.attacked))
+		default:
+			r.Open++
+		}
+	}
+	return r
+}
+
+// Close closes every connection and waits for the watchers.
+func (fc *FloodConns) Close() {
+	for _, c := range fc.conns {
+		if c.raw != nil {
+			_ = c.raw.Close()
+		}
+	}
+	fc.wg.Wait()
+}
+
+// sentCounter counts the bytes TLS writes.
+type sentCounter struct {
+	net.Conn
+	c *floodConn
+}
+
+func (s *sentCounter) Write(p []byte) (int, error) { return s.c.Write(p) }
+
+// sendHugeClientHello sends TLS records of a ClientHello announcing 60,000
+// bytes, budget bytes in all (less a margin), and stops.
+func sendHugeClientHello(c *floodConn, budget int) error {
+	const record = 16384
+	left := budget - 64
+	first := true
+	for left > 5 {
+		n := min(record, left-5)
+		rec := make([]byte, 5+n)
+		rec[0], rec[1], rec[2] = 0x16, 0x03, 0x01       // handshake record, TLS 1.0 framing as ClientHellos use
+		binary.BigEndian.PutUint16(rec[3:5], uint16(n)) //nolint:gosec // n <= 16384
+		if first {
+			rec[5] = 1 // ClientHello
+			rec[6], rec[7], rec[8] = 0, 0xea, 0x60
+			first = false
+		}
+		if _, err := c.Write(rec); err != nil {
+			return nil //nolint:nilerr // the server closed the connection: watch tells
+		}
+		left -= len(rec)
+	}
+	return nil
+}
+
+// yamux framing (hashicorp/yamux): version, type, flags, stream, length.
+const (
+	muxHeaderSize = 12
+	muxFlagSYN    = 1
+)
+
+func muxHeader(flags uint16, stream, length uint32) []byte {
+	h := make([]byte, muxHeaderSize)
+	h[1] = 0 // data
+	binary.BigEndian.PutUint16(h[2:4], flags)
+	binary.BigEndian.PutUint32(h[4:8], stream)
+	binary.BigEndian.PutUint32(h[8:12], length)
+	return h
+}
+
+func muxFrame(flags uint16, stream uint32, body []byte) []byte {
+	return append(muxHeader(flags, stream, uint32(len(body))), body...) //nolint:gosec // bodies are small
+}
+
+// v2Announce is frp's v2 magic and the header of a message frame announcing
+// n bytes.
+func v2Announce(n uint32) []byte {
+	b := []byte("FRP\x00\x02\r\n")
+	var h [8]byte
+	binary.BigEndian.PutUint16(h[0:2], 16) // message frame
+	binary.BigEndian.PutUint32(h[4:8], n)
+	return append(b, h[:]...)
+}

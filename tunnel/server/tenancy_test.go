@@ -1,0 +1,65 @@
+package server
+
+import (
+	"errors"
+	"net"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/yamux"
+	"go.uber.org/zap"
+
+	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/tunnel"
+)
+
+// A login whose connection died on the way, before the gate noticed, does
+// not end the tunnel's working session: the new session is checked before
+// it replaces the old one.
+func TestLoginOnADeadConnectionKeepsTheWorkingSession(t *testing.T) {
+	s := startServer(t)
+	s.startClient(t, "alpha", backend(t, "alpha").URL)
+	working, ok := s.registry.Lookup("alpha")
+	if !ok {
+		t.Fatal("tunnel alpha not registered")
+	}
+
+	// A session as the gate holds it between the login's arrival and the
+	// auth plugin's call, whose client has just gone away.
+	serverEnd, clientEnd := net.Pipe()
+	mux, err := yamux.Server(serverEnd, tunnel.MuxConfig(15*time.Second, zap.NewNop()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := newSession(newSessionID(), &countingConn{Conn: serverEnd}, mux, "tls", zap.NewNop())
+	s.tenancy.add(dead)
+	t.Cleanup(func() { s.tenancy.remove(dead) })
+	dead.startLogin("tether test", nil)
+	_ = clientEnd.Close()
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if !mux.IsClosed() {
+			return errors.New("the session has not seen its connection end")
+		}
+		return nil
+	})
+
+	claims, rej := auth.VerifyLoginToken(s.verifier, map[string]string{auth.TokenMetaKey: s.keys.token(t, "alpha", time.Hour)})
+	if rej != nil {
+		t.Fatal(rej)
+	}
+	err = s.tenancy.Login(dead.id, claims)
+	if rej, ok := errors.AsType[*auth.RejectError](err); !ok || rej.Reason != auth.ReasonSession {
+		t.Fatalf("login on a dead connection: got %v, want a session rejection", err)
+	}
+	if cur, ok := s.registry.Lookup("alpha"); !ok || cur != working {
+		t.Fatal("the login on a dead connection replaced the working session")
+	}
+	if reason := working.CloseReason(); reason != "" {
+		t.Fatalf("the working session was closed: %s", reason)
+	}
+	if code, body, _ := s.get(t, "alpha", "/"); code != http.StatusOK {
+		t.Fatalf("tunnel alpha after the dead login: %d %s", code, body)
+	}
+}
