@@ -59,7 +59,8 @@ func (p Printer) Tunnels(list []server.Info) error {
 	return tw.Flush()
 }
 
-// Client prints one client's state; Wide prints what Table does.
+// Client prints one client's state, and its sessions when the client
+// reports them; Wide adds each session's server session ID and last error.
 func (p Printer) Client(s client.Snapshot) error {
 	if p.Format == JSON {
 		return writeJSON(p.Out, s)
@@ -81,16 +82,51 @@ func (p Printer) Client(s client.Snapshot) error {
 	fmt.Fprintf(tw, "Reconnects:\t%d\n", s.Reconnects)
 	if len(s.Routes) == 0 {
 		fmt.Fprintf(tw, "Routes:\t%s\n", none)
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintln(tw, "Routes:")
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		tw = newTabWriter(p.Out)
+		fmt.Fprintln(tw, "  PREFIX\tUPSTREAM\tADAPTER")
+		for _, r := range s.Routes {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", printable(r.Prefix), printable(r.Upstream), field(r.Adapter))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
-	fmt.Fprintln(tw, "Routes:")
-	if err := tw.Flush(); err != nil {
+	return p.sessions(s.Sessions, now)
+}
+
+// sessions prints a client's sessions; nothing for a client that does not
+// report them.
+func (p Printer) sessions(list []client.SessionState, now time.Time) error {
+	if len(list) == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(p.Out, "Sessions:"); err != nil {
 		return err
 	}
-	tw = newTabWriter(p.Out)
-	fmt.Fprintln(tw, "  PREFIX\tUPSTREAM\tADAPTER")
-	for _, r := range s.Routes {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", printable(r.Prefix), printable(r.Upstream), field(r.Adapter))
+	tw := newTabWriter(p.Out)
+	header := "  SLOT\tREPLICA\tSTATE\tSINCE\tVIA"
+	if p.Format == Wide {
+		header += "\tSESSION\tLAST ERROR"
+	}
+	fmt.Fprintln(tw, header)
+	for _, s := range list {
+		age := none
+		if s.Since != nil {
+			age = human.Age(now.Sub(*s.Since))
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s", s.Slot, field(s.Replica), field(s.State), age, field(s.Via))
+		if p.Format == Wide {
+			fmt.Fprintf(tw, "\t%s\t%s", field(s.Session), field(s.LastError))
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }

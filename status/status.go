@@ -1,7 +1,7 @@
 // Package status reads what tether reports about its tunnels and prints it
 // for people: a server's connected tunnels from its admin API
-// (GET /api/tunnels), or one client's state from its health address
-// (GET /status). It decodes into the types the server and the client encode,
+// (GET /api/tunnels), or one client's state and its sessions from its
+// health address (GET /status). It decodes into the types the server and the client encode,
 // server.Info and client.Snapshot, so each JSON shape has one definition.
 //
 // Everything it prints came over the network, and some of it from tunnel
