@@ -36,8 +36,6 @@ const (
 	ReasonAudience Reason = "audience"
 	// ReasonSubject means sub is missing or not a valid tunnel name.
 	ReasonSubject Reason = "subject"
-	// ReasonRunID means the login reuses a run ID that is not this tunnel's.
-	ReasonRunID Reason = "run_id"
 	// ReasonProxy means a NewProxy that breaks the route rules.
 	ReasonProxy Reason = "proxy"
 	// ReasonSession means the login or proxy did not come through the tether
