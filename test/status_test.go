@@ -41,15 +41,16 @@ func TestStatus(t *testing.T) {
 			for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
 				rows = append(rows, strings.Fields(line))
 			}
-			if len(rows) != 3 {
-				return fmt.Errorf("tether status printed %d lines, want a header and 2 tunnels:\n%s", len(rows), stdout)
+			// A row per session: each client keeps two.
+			if len(rows) != 5 {
+				return fmt.Errorf("tether status printed %d lines, want a header and 2 sessions of 2 tunnels:\n%s", len(rows), stdout)
 			}
 			return nil
 		})
 		if got := strings.Join(rows[0], " "); got != "NAME ACCOUNT RUNTIME CLIENT CONNECTED VERSION IN OUT" {
 			t.Errorf("header %q", got)
 		}
-		for i, want := range [][]string{{"acme-prod", "acme", "prod"}, {"globex", "globex-inc", "staging"}} {
+		for i, want := range [][]string{{"acme-prod", "acme", "prod"}, {"acme-prod", "acme", "prod"}, {"globex", "globex-inc", "staging"}, {"globex", "globex-inc", "staging"}} {
 			if got := rows[i+1][:3]; strings.Join(got, " ") != strings.Join(want, " ") {
 				t.Errorf("row %d starts %q, want %q (sorted by name)", i+1, got, want)
 			}
@@ -69,8 +70,13 @@ func TestStatus(t *testing.T) {
 		if err := json.Unmarshal([]byte(stdout), &list); err != nil {
 			t.Fatalf("stdout is not the JSON list: %v\n%s", err, stdout)
 		}
-		if len(list) != 1 || list[0].Name != "acme-prod" || list[0].Account != "acme" || list[0].Runtime != "prod" || list[0].BytesIn == 0 {
-			t.Errorf("list %+v, want acme-prod alone, with its account, runtime and traffic", list)
+		if len(list) != 2 {
+			t.Fatalf("list %+v, want acme-prod's two sessions alone", list)
+		}
+		for _, ti := range list {
+			if ti.Name != "acme-prod" || ti.Account != "acme" || ti.Runtime != "prod" || ti.BytesIn == 0 || ti.Session == "" {
+				t.Errorf("session %+v, want acme-prod with its account, runtime, traffic and session ID", ti)
+			}
 		}
 	})
 
@@ -100,6 +106,10 @@ func TestStatus(t *testing.T) {
 			}
 		}
 		_, routes, _ := strings.Cut(stdout, "Routes:\n")
+		routes, sessions, _ := strings.Cut(routes, "Sessions:\n")
+		if n := len(strings.Split(strings.TrimSpace(sessions), "\n")); n != 3 {
+			t.Errorf("sessions:\n%s\nwant a header and the client's two sessions", sessions)
+		}
 		if want := "PREFIX UPSTREAM ADAPTER / " + backend.url() + " app-proxy"; strings.Join(strings.Fields(routes), " ") != want {
 			t.Errorf("routes:\n%s\nwant the one route / to %s", routes, backend.url())
 		}
