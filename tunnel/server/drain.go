@@ -40,7 +40,7 @@ func (s *serving) drain(tunnelLn net.Listener, entrySrv, peerSrv *http.Server) {
 	_ = tunnelLn.Close()
 	deadline := time.Now().Add(s.cfg.ShutdownTimeout)
 	s.log.Info("draining", zap.Duration("timeout", s.cfg.ShutdownTimeout), zap.Int("sessions", len(s.sessions.list())))
-	if s.cfg.shared() {
+	if s.registry.Status().Backend != "memory" { // there may be replicas to move to
 		s.moveClients(deadline)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)

@@ -74,21 +74,37 @@ func (s *Session) Info() Info {
 }
 
 // countingConn counts the bytes of a session's connection, for the admin
-// API and metrics. Two atomic adds per read or write cost nothing measurable
-// beside TLS.
+// API and metrics, and keeps the time since which what the server wrote has
+// gone unanswered, for the session's silence watch. A few atomic operations
+// per read or write cost nothing measurable beside TLS.
 type countingConn struct {
 	net.Conn
 	read, written atomic.Uint64
+	// unanswered is when (Unix nanoseconds) the oldest write not followed by
+	// a read was made; 0 when the client spoke since the last write.
+	unanswered atomic.Int64
+	// armed, once set (watch), is called when a write starts to wait.
+	armed atomic.Pointer[func()]
 }
+
+// watch calls armed each time a write starts to wait for an answer.
+func (c *countingConn) watch(armed func()) { c.armed.Store(&armed) }
 
 func (c *countingConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
 	c.read.Add(uint64(n)) //nolint:gosec // n >= 0
+	if n > 0 && c.unanswered.Load() != 0 {
+		c.unanswered.Store(0)
+	}
 	return n, err
 }
 
 func (c *countingConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	c.written.Add(uint64(n)) //nolint:gosec // n >= 0
+	if f := c.armed.Load(); f != nil && c.unanswered.Load() == 0 &&
+		c.unanswered.CompareAndSwap(0, time.Now().UnixNano()) {
+		(*f)()
+	}
 	return n, err
 }

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"fmt"
 	"time"
 
@@ -67,6 +68,7 @@ func (s *serving) Login(sessionID string, claims *auth.Claims, runID string) err
 		sess.logger().Info("session replaced", zap.String("run_id", runID),
 			zap.String("old_client_address", replaced.remoteAddr), zap.String("client_address", sess.remoteAddr))
 	}
+	sess.watchSilence(s.silent)
 	// A session lives no longer than its token: the client's next login
 	// reads the current token file.
 	sess.after(time.Until(s.verifier.ValidUntil(claims)), func() { sess.Close("token expired") })
@@ -82,10 +84,25 @@ func (s *serving) Login(sessionID string, claims *auth.Claims, runID string) err
 	return nil
 }
 
+// silent is what becomes of a session whose client stopped answering: while
+// another session serves its tunnel, it closes, so that its requests go
+// there now rather than after the heartbeat timeout. The tunnel's only
+// session stays: the heartbeat decides.
+func (s *serving) silent(sess *Session) {
+	if !s.sessions.othersServe(sess) {
+		sess.logger().Debug("client did not answer a ping; its tunnel has no other session to send requests to",
+			zap.String("session", sess.id))
+		return
+	}
+	s.metrics.sessionsSilent.Inc()
+	sess.logger().Warn("closing a session whose client stopped answering; its tunnel's other sessions serve",
+		zap.String("session", sess.id), zap.String("client_address", sess.remoteAddr))
+	sess.Close(fmt.Sprintf("the client stopped answering (nothing for %v, then no answer to a ping within %v)", silenceBound, silencePing))
+}
+
 func joinReject(err error) *auth.RejectError {
-	je, _ := err.(*joinError)
 	reason := auth.ReasonSessionLimit
-	if je != nil && je.mixed {
+	if je, ok := errors.AsType[*joinError](err); ok && je.mixed {
 		reason = auth.ReasonMixedClients
 	}
 	return &auth.RejectError{Reason: reason, Detail: err.Error()}

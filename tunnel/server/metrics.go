@@ -31,6 +31,9 @@ type metrics struct {
 	forwarded   *prometheus.CounterVec
 	peerServed  prometheus.Counter
 	peerRefused prometheus.Counter
+	// sessionsSilent counts sessions closed for a client that stopped
+	// answering while its tunnel had others (Session.watchSilence).
+	sessionsSilent prometheus.Counter
 }
 
 func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, reg registry.Registry) *metrics {
@@ -85,13 +88,17 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, reg registry.
 			Name: "tether_peer_requests_total",
 			Help: "Requests other replicas forwarded here.",
 		}),
+		sessionsSilent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_sessions_silent_total",
+			Help: "Sessions closed because their client stopped answering (no answer to a ping) while the tunnel had other sessions to serve its requests.",
+		}),
 		peerRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_peer_refused_total",
 			Help: "Requests to the peer port refused for a missing or wrong peer secret.",
 		}),
 	}
 	m.reg.MustRegister(
-		m.forwarded, m.peerServed, m.peerRefused, registry.NewCollector(reg),
+		m.forwarded, m.peerServed, m.peerRefused, m.sessionsSilent, registry.NewCollector(reg),
 		m.sessionsReplaced, m.loginsAccepted, m.loginsRejected, m.routesRejected,
 		m.refusedStreams, m.probes, m.unrouted, m.requestDuration,
 		m.connectionsRefused, m.sessionsLimited,

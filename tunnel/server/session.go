@@ -57,6 +57,10 @@ type Session struct {
 	// suspectUntil (Unix nanoseconds) is set when a dial through the
 	// session got no answer: until then other sessions are tried first.
 	suspectUntil atomic.Int64
+	// The silence watch (watchSilence): its timer, and what to do about a
+	// client that went silent.
+	silence   *time.Timer
+	onSilence func(*Session)
 
 	// requests counts the requests routed to this session by status class:
 	// index 1..5 for 1xx..5xx, index 0 for requests that failed before any
@@ -158,6 +162,9 @@ func (s *Session) setCloseReason(reason string) (first bool) {
 	}
 	for _, t := range s.timers {
 		t.Stop()
+	}
+	if s.silence != nil {
+		s.silence.Stop()
 	}
 	return first
 }
@@ -317,6 +324,57 @@ func (s *Session) closeIdle() {
 	if h != nil {
 		h.CloseIdle()
 	}
+}
+
+// How fast the server notices a client that went silent while it has
+// something to say (see watchSilence). A client answers within a round
+// trip: a response, a window update as it reads what it was sent, a ping's
+// answer. Silence only triggers a ping; only the ping's bound decides, and
+// it is seconds, so that a slow or saturated link is not taken for a dead
+// one.
+const (
+	silenceBound = time.Second
+	silencePing  = 2 * time.Second
+)
+
+// watchSilence makes the session notice, within silenceBound + silencePing
+// of sending something, a client that no longer answers (a NAT dropped the
+// connection, the client's node froze), instead of after the heartbeat
+// timeout: once something written to the client has gone unanswered (no
+// byte read since) for silenceBound, a ping must be answered within
+// silencePing, or onSilent is called. A request written on a pooled stream
+// of such a session would otherwise wait for an answer until the heartbeat
+// timeout.
+func (s *Session) watchSilence(onSilent func(*Session)) {
+	s.mu.Lock()
+	s.onSilence = onSilent
+	s.silence = time.AfterFunc(time.Hour, s.checkSilence)
+	s.silence.Stop()
+	s.mu.Unlock()
+	s.conn.watch(s.armSilence)
+}
+
+// armSilence runs when a write starts to wait for an answer.
+func (s *Session) armSilence() { s.silence.Reset(silenceBound) }
+
+func (s *Session) checkSilence() {
+	since := s.conn.unanswered.Load()
+	switch {
+	case since == 0 || !s.alive():
+		return // answered
+	case time.Since(time.Unix(0, since)) < silenceBound:
+		// Answered, and written to again since.
+		s.silence.Reset(silenceBound - time.Since(time.Unix(0, since)))
+		return
+	}
+	if pingWithin(s.mux, silencePing) != nil && s.alive() {
+		s.suspectUntil.Store(time.Now().Add(suspectFor).UnixNano())
+		s.onSilence(s)
+		return
+	}
+	// The client answered the ping: it is alive, and what it was sent is
+	// still on its way or being worked on.
+	s.conn.unanswered.Store(0)
 }
 
 // suspect reports whether a recent dial through the session got no answer.

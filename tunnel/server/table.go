@@ -221,6 +221,24 @@ func (t *sessionTable) pick(name string, retiredToo bool, skip []*Session) *Sess
 	return fallback
 }
 
+// othersServe reports whether a session of s's tunnel other than s serves,
+// not retired and not suspect.
+func (t *sessionTable) othersServe(s *Session) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	ts := t.tunnels[s.Tunnel()]
+	if ts == nil {
+		return false
+	}
+	now := time.Now()
+	for _, o := range ts.serving {
+		if o != s && !o.retired.Load() && !o.suspect(now) {
+			return true
+		}
+	}
+	return false
+}
+
 // serves reports whether a session that is not retired serves tunnel name.
 func (t *sessionTable) serves(name string) bool {
 	t.mu.RLock()
