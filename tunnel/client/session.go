@@ -86,9 +86,13 @@ func (s *slot) control(ctx context.Context, mux *yamux.Session, ss *sessionState
 	select {
 	case <-ctl.Done():
 	case <-ctx.Done():
-		_ = ctl.Close()
-		<-ctl.Done()
 	}
+	// Close even after Done: frp's control stops its route's health loop
+	// when it ends, but Run may start the loop after that (a session that
+	// ended at once, e.g. left for another replica), and it would run for
+	// the life of the process.
+	_ = ctl.Close()
+	<-ctl.Done()
 }
 
 // controlStream is a logged-in control stream: frp's control channel is

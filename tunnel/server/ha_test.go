@@ -1,13 +1,16 @@
 package server
 
 import (
+	"bufio"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -278,3 +281,302 @@ func startReplica(t testing.TB, f *fleet, k *keys, id string, mutate ...func(*Co
 }
 
 const peerSecretForTests = "fleet-secret-0123456789"
+
+// A replica forwards a request for a tunnel it does not serve to the one
+// that does: the answer, the caller's address in X-Forwarded-For, and a
+// streamed response pass as they do locally.
+func TestForwardBetweenReplicas(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	b := startReplica(t, f, k, "b")
+	release := make(chan struct{})
+	be := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/stream" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: first\n\n")
+			w.(http.Flusher).Flush()
+			<-release
+			_, _ = io.WriteString(w, "data: second\n\n")
+			return
+		}
+		fmt.Fprintf(w, "alpha %s xff=%s peer-auth=%q", r.URL.Path, r.Header.Get("X-Forwarded-For"), r.Header.Get(peerAuthHeader))
+	}))
+	a.runClient(t, "alpha", a.tunnel, 1, be.URL)
+	a.waitSessions(t, "alpha", 1)
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if len(b.registry.Holders("alpha")) != 1 {
+			return errors.New("replica b does not see alpha's holder")
+		}
+		return nil
+	})
+
+	code, body, _ := b.get(t, "alpha", "/x")
+	if code != http.StatusOK || body != `alpha /x xff=127.0.0.1 peer-auth=""` {
+		t.Errorf("through replica b: %d %q, want alpha's answer, the caller's address and no peer secret", code, body)
+	}
+	if got := promtest.ToFloat64(b.metrics.forwarded.WithLabelValues("ok")); got != 1 {
+		t.Errorf("b: tether_peer_forwarded_total{result=ok} = %v, want 1", got)
+	}
+	if got := promtest.ToFloat64(a.metrics.peerServed); got != 1 {
+		t.Errorf("a: tether_peer_requests_total = %v, want 1", got)
+	}
+
+	// A streamed answer arrives as it is written, not when it ends.
+	req, _ := http.NewRequest(http.MethodGet, b.entry+"/stream", nil)
+	req.Host = "alpha." + testDomain
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	line, err := bufio.NewReader(res.Body).ReadString('\n')
+	if err != nil || line != "data: first\n" {
+		t.Fatalf("first event: %q, %v", line, err)
+	}
+	close(release)
+	rest, _ := io.ReadAll(res.Body)
+	if !strings.Contains(string(rest), "data: second") {
+		t.Errorf("the rest of the stream: %q", rest)
+	}
+}
+
+// The peer port serves only requests that carry the shared secret: others
+// never reach a tunnel, and are counted.
+func TestPeerRequiresTheSecret(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	var reached atomic.Int32
+	be := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { reached.Add(1) }))
+	a.runClient(t, "alpha", a.tunnel, 1, be.URL)
+	a.waitSessions(t, "alpha", 1)
+
+	peer := "http://" + a.cfg.PeerAdvertiseAddr
+	for _, secret := range []string{"", "wrong", peerSecretForTests + "x", strings.ToUpper(peerSecretForTests)} {
+		req, _ := http.NewRequest(http.MethodGet, peer+"/", nil)
+		req.Host = "alpha." + testDomain
+		if secret != "" {
+			req.Header.Set(peerAuthHeader, secret)
+		}
+		if code, _, h := do(t, req); code != http.StatusForbidden || h.Get(proxy.ErrorHeader) != "peer_forbidden" {
+			t.Errorf("secret %q: %d %q, want 403 peer_forbidden", secret, code, h.Get(proxy.ErrorHeader))
+		}
+	}
+	conn, err := net.Dial("tcp", a.cfg.PeerAdvertiseAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = conn.Write([]byte("\x16\x03\x01garbage that is no request\r\n\r\n"))
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	answer, _ := io.ReadAll(conn)
+	_ = conn.Close()
+	if strings.Contains(string(answer), " 200 ") {
+		t.Errorf("garbage on the peer port got %q", answer)
+	}
+	if n := reached.Load(); n != 0 {
+		t.Errorf("%d requests without the secret reached the tunnel", n)
+	}
+	if got := promtest.ToFloat64(a.metrics.peerRefused); got != 4 {
+		t.Errorf("tether_peer_refused_total = %v, want 4", got)
+	}
+
+	req, _ := http.NewRequest(http.MethodGet, peer+"/", nil)
+	req.Host = "alpha." + testDomain
+	req.Header.Set(peerAuthHeader, peerSecretForTests)
+	if code, body, _ := do(t, req); code != http.StatusOK || reached.Load() != 1 {
+		t.Errorf("with the secret: %d %q, reached %d; want 200 from the tunnel", code, body, reached.Load())
+	}
+}
+
+// A holder that cannot be connected to (it died, and the registry has not
+// noticed yet) is passed over for one that can.
+func TestForwardSkipsADeadHolder(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	b := startReplica(t, f, k, "b")
+	a.runClient(t, "alpha", a.tunnel, 1, backend(t, "alpha").URL)
+	a.waitSessions(t, "alpha", 1)
+	dead := f.replica("0-dead", testutil.ClosedAddr(t))
+	dead.Hold("alpha")
+	if got := len(b.registry.Holders("alpha")); got != 2 {
+		t.Fatalf("b sees %d holders, want the dead one and a", got)
+	}
+	for i := range 4 {
+		if code, body, _ := b.get(t, "alpha", "/"); code != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, code, body)
+		}
+	}
+	if got := promtest.ToFloat64(b.metrics.forwarded.WithLabelValues("unreachable")); got < 1 {
+		t.Errorf("tether_peer_forwarded_total{result=unreachable} = %v, want the dead holder tried at least once", got)
+	}
+}
+
+// A request for a tunnel no replica serves waits a moment for one: a client
+// that is reconnecting gets it; otherwise 503 tunnel_down, quickly.
+func TestRequestWaitsForAReconnectingClient(t *testing.T) {
+	s := startServer(t)
+	start := time.Now()
+	code, _, h := s.get(t, "alpha", "/")
+	if took := time.Since(start); code != http.StatusServiceUnavailable || h.Get(proxy.ErrorHeader) != "tunnel_down" || took > tunnelWait+time.Second {
+		t.Errorf("no client: %d %q after %v, want 503 tunnel_down within %v", code, h.Get(proxy.ErrorHeader), took, tunnelWait+time.Second)
+	}
+
+	type result struct {
+		code int
+		body string
+	}
+	done := make(chan result, 1)
+	wrote := make(chan struct{})
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, s.entry+"/", nil)
+		req.Host = "alpha." + testDomain
+		req = req.WithContext(httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+			WroteRequest: func(httptrace.WroteRequestInfo) { close(wrote) },
+		}))
+		code, body, _ := do(t, req)
+		done <- result{code, body}
+	}()
+	<-wrote // the request is at the entry, waiting, when the client comes
+	s.runClient(t, "alpha", s.tunnel, 1, backend(t, "alpha").URL)
+	r := <-done
+	if r.code != http.StatusOK || !strings.HasPrefix(r.body, "alpha /") {
+		t.Errorf("a request made while the client connected: %d %q, want alpha's answer", r.code, r.body)
+	}
+}
+
+// balancer is a round-robin TCP balancer in front of the replicas' tunnel
+// ports: each connection goes to the next target that accepts it, as an L4
+// load balancer retries elsewhere.
+type balancer struct {
+	ln      net.Listener
+	targets []string
+	next    atomic.Uint32
+}
+
+func newBalancer(t testing.TB, targets ...string) *balancer {
+	b := &balancer{ln: listen(t), targets: targets}
+	var conns sync.WaitGroup
+	go func() {
+		for {
+			in, err := b.ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() { b.serve(in) })
+		}
+	}()
+	t.Cleanup(func() { _ = b.ln.Close(); conns.Wait() })
+	return b
+}
+
+func (b *balancer) addr() string { return b.ln.Addr().String() }
+
+func (b *balancer) serve(in net.Conn) {
+	defer in.Close()
+	start := int(b.next.Add(1))
+	for i := range b.targets {
+		out, err := net.DialTimeout("tcp", b.targets[(start+i)%len(b.targets)], time.Second)
+		if err != nil {
+			continue
+		}
+		defer out.Close()
+		done := make(chan struct{}, 2)
+		go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+		go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+		<-done
+		return
+	}
+}
+
+// A replica that drains loses no request: its client moves to another
+// replica (make-before-break), requests forwarded to it finish, and once the
+// tunnel is served elsewhere no new request reaches it.
+func TestDrainMovesClientsWithoutLosingRequests(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	shutdown := func(c *Config) { c.ShutdownTimeout = 10 * time.Second }
+	a := startReplica(t, f, k, "a", shutdown)
+	b := startReplica(t, f, k, "b", shutdown)
+	lb := newBalancer(t, a.tunnel, b.tunnel)
+	b.runClient(t, "alpha", lb.addr(), 1, backend(t, "alpha").URL)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if len(a.sessions.sessionsOf("alpha"))+len(b.sessions.sessionsOf("alpha")) != 1 {
+			return errors.New("alpha has no session yet")
+		}
+		return nil
+	})
+	// Drain the replica that holds the session; requests go through the
+	// other, which forwards them until the session has moved to it.
+	holder, other := a, b
+	if len(b.sessions.sessionsOf("alpha")) == 1 {
+		holder, other = b, a
+	}
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if len(other.registry.Holders("alpha")) != 1 {
+			return errors.New("the other replica does not see the holder")
+		}
+		return nil
+	})
+
+	var failed, served atomic.Int32
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, body := getQuietly(other.entry, "alpha")
+				if code != http.StatusOK {
+					failed.Add(1)
+					t.Errorf("during the drain: %d %s", code, body)
+					continue
+				}
+				served.Add(1)
+			}
+		})
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if served.Load() < 50 {
+			return errors.New("warming up")
+		}
+		return nil
+	})
+	drained := time.Now()
+	holder.stop()
+	took := time.Since(drained)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if len(other.sessions.sessionsOf("alpha")) != 1 {
+			return errors.New("the session has not moved to the other replica")
+		}
+		return nil
+	})
+	atDrained := served.Load()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if served.Load() < atDrained+50 {
+			return errors.New("serving after the drain")
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	t.Logf("drain took %v; %d requests served, %d failed", took.Round(time.Millisecond), served.Load(), failed.Load())
+	if took > 5*time.Second {
+		t.Errorf("the drain took %v, want the client to move within seconds", took)
+	}
+}
+
+// getQuietly sends GET / for tunnel name to entry and returns the status
+// and body; a transport error is status 0.
+func getQuietly(entry, name string) (int, string) {
+	req, _ := http.NewRequest(http.MethodGet, entry+"/", nil)
+	req.Host = name + "." + testDomain
+	res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
