@@ -170,13 +170,19 @@ func (s *slot) onNotice(mux *yamux.Session, ss *sessionState, n tunnel.Notice) {
 	log := s.log.With(zap.String("replica", n.Replica), zap.String("session", n.Session))
 	switch n.Kind {
 	case tunnel.NoticeHello:
-		leave, holder, left := s.c.status.onHello(ss, n.Replica, n.Session, maxRedials)
+		tries := maxRedials
+		if n.Alone {
+			tries = 0 // there is no other replica to reach
+		}
+		leave, holder, left := s.c.status.onHello(ss, n.Replica, n.Session, tries)
 		switch {
 		case leave:
 			// Sessions behind one address spread over its replicas only if
 			// a slot that lands where another already is tries again.
 			log.Info("session landed on a replica another slot holds; reconnecting to reach another", zap.Int("held_by_slot", holder))
 			_ = mux.Close()
+		case holder >= 0 && n.Alone:
+			log.Info("session on the server's only replica, beside another slot", zap.Int("held_by_slot", holder))
 		case holder >= 0:
 			log.Info("session shares its replica with another slot: no other replica answered", zap.Int("held_by_slot", holder), zap.Int("tries", maxRedials))
 		case left != "":

@@ -309,6 +309,26 @@ func TestSlotLeavesAReplicaAnotherSlotHolds(t *testing.T) {
 	})
 }
 
+// A server that says it is the only replica (its registry is in memory)
+// spares the slots their tries: they stay side by side at once.
+func TestSlotStaysOnTheOnlyReplica(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		c, f, first := startFake(t, 2)
+		for i, s := range first {
+			n := hello("only", fmt.Sprintf("s%d", i))
+			n.Alone = true
+			s.notice(t, n)
+		}
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if first[0].closed() || first[1].closed() {
+			t.Fatal("a slot left the server's only replica")
+		}
+		f.none()
+		wantSessions(t, c, "0:only:ready", "1:only:ready")
+	})
+}
+
 // Behind an address with fewer replicas than slots, a slot tries three
 // times in a row, then keeps the shared replica; landing on a replica of its
 // own starts the count again.

@@ -144,7 +144,8 @@ func (r *relay) cut() {
 	r.conns = nil
 }
 
-// Requests are spread over the sessions of a tunnel.
+// Requests are spread over the sessions of a tunnel; a client with two
+// connections to a lone server keeps both there.
 func TestRequestsSpreadOverSessions(t *testing.T) {
 	s := startServer(t)
 	s.runClient(t, "alpha", s.tunnel, 2, backend(t, "alpha").URL)
@@ -158,6 +159,11 @@ func TestRequestsSpreadOverSessions(t *testing.T) {
 		if n := sess.Info().Requests; n < 5 {
 			t.Errorf("session %s served %d of 20 requests, want them spread over both", sess.id, n)
 		}
+	}
+	// The server told the client it is the only replica: its two
+	// connections did not reconnect to look for another.
+	if got := promtest.ToFloat64(s.metrics.loginsAccepted); got != 2 {
+		t.Errorf("tether_logins_accepted_total = %v, want 2: one per connection", got)
 	}
 }
 

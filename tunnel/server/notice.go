@@ -15,7 +15,8 @@ const noticeTimeout = 10 * time.Second
 // on a stream of its own, in the background: a login or a drain does not
 // wait for it. An old client that does not know notices closes the stream.
 func (s *serving) notify(sess *Session, kind string) {
-	n := tunnel.Notice{Kind: kind, Replica: s.cfg.ReplicaID, Session: sess.id}
+	n := tunnel.Notice{Kind: kind, Replica: s.cfg.ReplicaID, Session: sess.id,
+		Alone: kind == tunnel.NoticeHello && s.registry.Status().Backend == "memory"}
 	s.notices.Go(func() {
 		stream, err := sess.mux.OpenStream()
 		if err != nil {
