@@ -28,8 +28,10 @@ type Printer struct {
 	Now func() time.Time
 }
 
-// Tunnels prints a server's tunnels. An empty list prints
-// "No tunnels connected." (in JSON, []).
+// Tunnels prints a server's tunnels, a row per session. An empty list
+// prints "No tunnels connected." (in JSON, []). Wide adds, besides the
+// sessions' transport, route, token expiry and requests, each session's ID
+// (its first 8 characters) and replica.
 func (p Printer) Tunnels(list []server.Info) error {
 	if p.Format == JSON {
 		if list == nil {
@@ -45,18 +47,36 @@ func (p Printer) Tunnels(list []server.Info) error {
 	tw := newTabWriter(p.Out)
 	header := "NAME\tACCOUNT\tRUNTIME\tCLIENT\tCONNECTED\tVERSION\tIN\tOUT"
 	if p.Format == Wide {
-		header += "\tTRANSPORT\tROUTE\tTOKEN-EXPIRES\tREQUESTS"
+		header += "\tTRANSPORT\tROUTE\tTOKEN-EXPIRES\tREQUESTS\tSESSION\tREPLICA"
 	}
 	fmt.Fprintln(tw, header)
 	for _, t := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", field(t.Name), field(t.Account), field(t.Runtime),
 			field(t.ClientAddress), human.Age(now.Sub(t.ConnectedSince)), field(t.ClientVersion), human.Bytes(t.BytesIn), human.Bytes(t.BytesOut))
 		if p.Format == Wide {
-			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d", field(t.Transport), field(t.Route), timeLeft(t.TokenExpires, now), t.Requests)
+			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d\t%s\t%s", field(t.Transport), field(t.Route), timeLeft(t.TokenExpires, now), t.Requests,
+				field(shortID(t.Session)), field(t.Replica))
 		}
 		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
+}
+
+// shortIDLength is how much of a session ID a table shows: enough to tell a
+// tunnel's sessions apart, and to find one in logs and in its client's
+// status.
+const shortIDLength = 8
+
+// shortID returns the first shortIDLength characters of id.
+func shortID(id string) string {
+	n := 0
+	for i := range id {
+		if n == shortIDLength {
+			return id[:i]
+		}
+		n++
+	}
+	return id
 }
 
 // Client prints one client's state, and its sessions when the client

@@ -18,7 +18,8 @@ func TestStatus(t *testing.T) {
 	k := newKeys(t)
 	const adminToken = "status-test-admin-token-0123456789"
 	tokenFile := writeFile(t, t.TempDir(), "admin-token", adminToken+"\n")
-	srv := startServer(t, k, serverOpts{args: []string{"--admin-token-file", tokenFile}})
+	const replica = "status-replica"
+	srv := startServer(t, k, serverOpts{args: []string{"--admin-token-file", tokenFile, "--replica-id", replica}})
 	backend := newBackend(t, "acme-root", nil)
 	cl := startClient(t, srv, clientOpts{
 		tokenFile: writeToken(t, k.issue(t, "acme-prod", time.Hour, "--account", "acme", "--runtime", "prod")),
@@ -76,6 +77,23 @@ func TestStatus(t *testing.T) {
 		for _, ti := range list {
 			if ti.Name != "acme-prod" || ti.Account != "acme" || ti.Runtime != "prod" || ti.BytesIn == 0 || ti.Session == "" {
 				t.Errorf("session %+v, want acme-prod with its account, runtime, traffic and session ID", ti)
+			}
+		}
+	})
+
+	t.Run("server wide", func(t *testing.T) {
+		code, stdout, stderr := runTether(t, nil, "status", "--admin", admin, "--admin-token-file", tokenFile, "-o", "wide", "globex")
+		if code != 0 {
+			t.Fatalf("exit %d: %s", code, stderr)
+		}
+		lines := strings.Split(strings.TrimSpace(stdout), "\n")
+		if header := strings.Fields(lines[0]); strings.Join(header[len(header)-2:], " ") != "SESSION REPLICA" {
+			t.Errorf("wide header %q, want it to end with SESSION REPLICA", lines[0])
+		}
+		for _, line := range lines[1:] {
+			f := strings.Fields(line)
+			if session, got := f[len(f)-2], f[len(f)-1]; len(session) != 8 || got != replica {
+				t.Errorf("row %q: want an 8-character session ID and the replica %s last", line, replica)
 			}
 		}
 	})

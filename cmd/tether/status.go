@@ -27,19 +27,20 @@ func NewCmdStatus(f *Factory) *cobra.Command {
 		Long: `Show what tether reports about its tunnels.
 
 With --admin, ask a tether server's admin API (/api/tunnels, its --admin-addr)
-and print its connected tunnels sorted by name; names or shell-style globs
-(acme-*) keep only the matching ones, and a name that matches no tunnel makes
-the command fail. --admin-token-file is the file of the server's own
---admin-token-file, when it has one.
+and print its connected tunnels sorted by name, a row per session (a tunnel may
+have several); names or shell-style globs (acme-*) keep only the matching ones,
+and a name that matches no tunnel makes the command fail. --admin-token-file
+is the file of the server's own --admin-token-file, when it has one.
 
 Without --admin, ask the tether client at --health-addr (/status) and print its
-state: server, transport, login, last error, reconnects and routes. It is the
-client's own flag, so in a client container configured with
+state: server, transport, login, last error, reconnects, routes and sessions.
+It is the client's own flag, so in a client container configured with
 TETHER_HEALTH_ADDR=0.0.0.0:8081, "kubectl exec POD -c tether -- tether status"
 needs no flags (a wildcard host is dialled on loopback).
 
--o wide adds TRANSPORT, ROUTE, TOKEN-EXPIRES and REQUESTS to the server's table;
--o json prints the endpoint's JSON and nothing else.`,
+-o wide adds TRANSPORT, ROUTE, TOKEN-EXPIRES, REQUESTS, SESSION (its first 8
+characters) and REPLICA to the server's table, and SESSION and LAST ERROR to
+the client's sessions; -o json prints the endpoint's JSON and nothing else.`,
 		Example: `  tether status --admin http://127.0.0.1:7700
   tether status --admin https://tether-admin.internal --admin-token-file admin-token -o wide 'acme-*'
   tether status --health-addr 127.0.0.1:8081 -o json`,
