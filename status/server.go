@@ -64,6 +64,20 @@ func (a *Admin) Tunnels(ctx context.Context) ([]server.Info, error) {
 	return list, nil
 }
 
+// Fleet returns the registry's view of every replica's tunnels, as the
+// server asked sees it.
+func (a *Admin) Fleet(ctx context.Context) (server.Fleet, error) {
+	e := a.endpoint("/api/fleet")
+	var fleet server.Fleet
+	if err := e.getJSON(ctx, &fleet); err != nil {
+		return server.Fleet{}, err
+	}
+	if fleet.Replica == "" || fleet.Registry.Backend == "" {
+		return server.Fleet{}, e.notOurs("JSON without the replica and its registry")
+	}
+	return fleet, nil
+}
+
 // endpoint is the admin API's endpoint at path.
 func (a *Admin) endpoint(path string) endpoint {
 	base := strings.TrimSuffix(a.url.String(), "/")

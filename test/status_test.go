@@ -3,6 +3,7 @@ package test
 import (
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -10,9 +11,9 @@ import (
 	"github.com/tether-dev/tether/internal/testutil"
 )
 
-// TestStatus: `tether status` shows a real server's connected tunnels,
-// through its admin token, and a real client's connection, from the
-// addresses the server and the client serve them on.
+// TestStatus: `tether status` shows a real server's connected tunnels and
+// its registry's fleet, through its admin token, and a real client's
+// connection, from the addresses the server and the client serve them on.
 func TestStatus(t *testing.T) {
 	t.Parallel()
 	k := newKeys(t)
@@ -96,6 +97,56 @@ func TestStatus(t *testing.T) {
 				t.Errorf("row %q: want an 8-character session ID and the replica %s last", line, replica)
 			}
 		}
+	})
+
+	// The memory registry of a single server lists its own tunnels, held
+	// by its replica ID.
+	t.Run("fleet", func(t *testing.T) {
+		var lines []string
+		testutil.WaitFor(t, readyTimeout, func() error { // see below: slots may reconnect
+			code, stdout, stderr := runTether(t, nil, "status", "--admin", admin, "--admin-token-file", tokenFile, "--fleet")
+			if code != 0 {
+				return fmt.Errorf("tether status --fleet: exit %d: %s", code, stderr)
+			}
+			if lines = strings.Split(strings.TrimSpace(stdout), "\n"); len(lines) != 4 {
+				return fmt.Errorf("tether status --fleet printed %d lines, want the registry's, a header and 2 tunnels:\n%s", len(lines), stdout)
+			}
+			return nil
+		})
+		if want := "Replica: " + replica + "   Registry: memory, up for "; !strings.HasPrefix(lines[0], want) {
+			t.Errorf("first line %q, want it to start with %q", lines[0], want)
+		}
+		var rows []string
+		for _, line := range lines[1:] {
+			rows = append(rows, strings.Join(strings.Fields(line), " "))
+		}
+		if want := []string{"TUNNEL REPLICAS", "acme-prod " + replica, "globex " + replica}; strings.Join(rows, "\n") != strings.Join(want, "\n") {
+			t.Errorf("fleet table:\n%s\nwant:\n%s", strings.Join(rows, "\n"), strings.Join(want, "\n"))
+		}
+	})
+
+	t.Run("fleet json is the endpoint's", func(t *testing.T) {
+		// A client's slots may reconnect at start (they look for another
+		// replica), which may renew a tunnel's hold: compare until stable.
+		testutil.WaitFor(t, readyTimeout, func() error {
+			code, stdout, stderr := runTether(t, []string{"TETHER_FLEET=true"}, "status", "--admin", admin, "--admin-token-file", tokenFile, "-o", "json")
+			if code != 0 {
+				return fmt.Errorf("tether status: exit %d: %s", code, stderr)
+			}
+			req, err := http.NewRequest(http.MethodGet, admin+"/api/fleet", nil)
+			if err != nil {
+				return err
+			}
+			req.Header.Set("Authorization", "Bearer "+adminToken)
+			r, err := do(req)
+			if err != nil || r.code != http.StatusOK {
+				return fmt.Errorf("GET /api/fleet: %d %v", r.code, err)
+			}
+			if stdout != r.body {
+				return fmt.Errorf("tether status --fleet -o json:\n%s\nGET /api/fleet:\n%s", stdout, r.body)
+			}
+			return nil
+		})
 	})
 
 	t.Run("server without the token", func(t *testing.T) {
