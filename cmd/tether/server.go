@@ -54,7 +54,8 @@ func NewCmdServer(f *Factory, runF func(*ServerOptions) error) *cobra.Command {
 Tunnel clients connect to --tunnel-addr (TLS, or wss) and log in with a JWT
 verified against --jwt-public-key. The tunnel named N is served at N.<domain>
 on --http-addr, and only there. --admin-addr serves /healthz, /readyz,
-/metrics and /api/tunnels.
+/metrics, /api/tunnels (this replica's sessions) and /api/fleet (every
+replica's tunnels, from the registry).
 
 Without --tls-cert/--tls-key the tunnel listener uses a self-signed
 certificate and logs its SHA-256 fingerprint (pin it on clients with
@@ -92,7 +93,7 @@ connections not yet logged in are capped (1024 in all, and
 	fl := cmd.Flags()
 	fl.StringVar(&opts.TunnelAddr, "tunnel-addr", "0.0.0.0:7000", "address tunnel clients connect to (TLS or wss)")
 	fl.StringVar(&opts.HTTPAddr, "http-addr", "0.0.0.0:8080", "public HTTP entry: requests for <tunnel>.<domain>")
-	fl.StringVar(&opts.AdminAddr, "admin-addr", "127.0.0.1:7700", "admin endpoints: /healthz /readyz /metrics /api/tunnels (a non-loopback address needs --admin-token-file)")
+	fl.StringVar(&opts.AdminAddr, "admin-addr", "127.0.0.1:7700", "admin endpoints: /healthz /readyz /metrics /api/tunnels /api/fleet (a non-loopback address needs --admin-token-file)")
 	fl.StringVar(&opts.Domain, "domain", "", "domain under which tunnel N is served as N.<domain> (required)")
 	fl.StringVar(&opts.PublicURL, "public-url", "", "where the platform reaches tunnels, '*' for the tunnel name, e.g. https://*.tunnels.example.com (default http://*.<domain>:<http port>); tether diagnose tests it")
 	fl.StringVar(&opts.JWTPublicKey, "jwt-public-key", "", "file of trusted token keys: PEM public keys (Ed25519, ES256, RS256) or a JWKS; re-read when it changes")
