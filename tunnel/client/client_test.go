@@ -190,7 +190,10 @@ func TestSlotsServeThroughServer(t *testing.T) {
 	// Kill a live session's connection: the slots may have closed some of
 	// theirs on the way, each to leave a replica another slot held.
 	mu.Lock()
-	for i := len(conns) - 1; i >= 0 && conns[i].Close() != nil; i-- {
+	for i := len(conns) - 1; i >= 0; i-- {
+		if conns[i].Close() == nil {
+			break
+		}
 	}
 	mu.Unlock()
 	testutil.WaitFor(t, 10*time.Second, func() error {

@@ -27,7 +27,7 @@ func (s *serving) notify(sess *Session, kind string) {
 			return
 		}
 		defer sess.untrack(stream)
-		defer stream.Close()
+		defer func() { _ = stream.Close() }()
 		_ = stream.SetWriteDeadline(time.Now().Add(noticeTimeout))
 		if err := tunnel.WriteNotice(stream, n); err != nil {
 			sess.logger().Debug("send notice", zap.String("kind", kind), zap.Error(err))

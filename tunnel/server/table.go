@@ -75,10 +75,10 @@ func (e *joinError) Error() string { return e.detail }
 
 // join adds a logged-in session to its tunnel. The live session of the
 // tunnel with the same run ID, if any, is returned for the caller to close:
-// the new login replaces it. A tunnel holds at most max sessions here, and
-// its sessions are all tether clients or all stock frpc: frp's vhost would
-// send a stock frpc's requests to a tether client's route too.
-func (t *sessionTable) join(s *Session, max int) (replaced *Session, err error) {
+// the new login replaces it. A tunnel holds at most limit sessions here,
+// and its sessions are all tether clients or all stock frpc: frp's vhost
+// would send a stock frpc's requests to a tether client's route too.
+func (t *sessionTable) join(s *Session, limit int) (replaced *Session, err error) {
 	name, runID, stock := s.Tunnel(), s.RunID(), s.stock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
@@ -98,8 +98,8 @@ func (t *sessionTable) join(s *Session, max int) (replaced *Session, err error) 
 			others++
 		}
 	}
-	if others >= max {
-		return nil, &joinError{detail: tooManySessions(name, max)}
+	if others >= limit {
+		return nil, &joinError{detail: tooManySessions(name, limit)}
 	}
 	ts.all = append(ts.all, s)
 	if replaced != nil {
@@ -115,8 +115,8 @@ func kindConflict(name string, stock bool) string {
 	return fmt.Sprintf("tunnel %q is served here by stock frpc; a tether client cannot serve it beside them: stop them first", name)
 }
 
-func tooManySessions(name string, max int) string {
-	return fmt.Sprintf("tunnel %q already has %d sessions on this server (--max-sessions-per-tunnel): stop clients it does not need, or lower their --connections", name, max)
+func tooManySessions(name string, limit int) string {
+	return fmt.Sprintf("tunnel %q already has %d sessions on this server (--max-sessions-per-tunnel): stop clients it does not need, or lower their --connections", name, limit)
 }
 
 // leave removes a session from its tunnel, when its connection ends. It is
@@ -237,14 +237,6 @@ func (t *sessionTable) othersServe(s *Session) bool {
 		}
 	}
 	return false
-}
-
-// serves reports whether a session that is not retired serves tunnel name.
-func (t *sessionTable) serves(name string) bool {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	ts := t.tunnels[name]
-	return ts != nil && countActive(ts.serving) > 0
 }
 
 // retire stops the tunnel's sessions here from taking new requests, and
