@@ -683,6 +683,15 @@ type clientStatus struct {
 		Prefix   string `json:"prefix"`
 		Upstream string `json:"upstream"`
 	} `json:"routes"`
+	Sessions []sessionStatus `json:"sessions"`
+}
+
+// sessionStatus is one session of a client's /status.
+type sessionStatus struct {
+	Slot    int    `json:"slot"`
+	Replica string `json:"replica"`
+	Session string `json:"session"`
+	State   string `json:"state"`
 }
 
 func (c *client) status() (clientStatus, error) {

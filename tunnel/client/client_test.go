@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -157,16 +158,18 @@ func TestSlotsServeThroughServer(t *testing.T) {
 		t.Fatal(err)
 	}
 	var mu sync.Mutex
-	var conns []net.Conn
+	var conns []*closeRecorder
 	dial := c.dial
 	c.dial = func(ctx context.Context) (net.Conn, string, error) {
 		conn, via, err := dial(ctx)
-		if err == nil {
-			mu.Lock()
-			conns = append(conns, conn)
-			mu.Unlock()
+		if err != nil {
+			return conn, via, err
 		}
-		return conn, via, err
+		rc := &closeRecorder{Conn: conn}
+		mu.Lock()
+		conns = append(conns, rc)
+		mu.Unlock()
+		return rc, via, nil
 	}
 	ctx, cancel := context.WithCancel(t.Context())
 	done := make(chan error, 1)
@@ -187,15 +190,18 @@ func TestSlotsServeThroughServer(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, bothReady)
 	getThrough(t, srv.entry, "/a")
 
-	// Kill a live session's connection: the slots may have closed some of
-	// theirs on the way, each to leave a replica another slot held.
+	// A live session's connection: the second slot may have closed some of
+	// its own on the way, leaving the replica the first slot holds.
 	mu.Lock()
-	for i := len(conns) - 1; i >= 0; i-- {
-		if conns[i].Close() == nil {
+	var killed net.Conn
+	for _, rc := range conns {
+		if !rc.closed.Load() {
+			killed = rc.Conn
 			break
 		}
 	}
 	mu.Unlock()
+	_ = killed.Close()
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		if ok, reason := c.status.readiness(); !ok {
 			t.Fatalf("not ready while one slot reconnects: %s", reason)
@@ -206,6 +212,17 @@ func TestSlotsServeThroughServer(t *testing.T) {
 		return bothReady()
 	})
 	getThrough(t, srv.entry, "/b/c")
+}
+
+// closeRecorder is a connection that records whether the client closed it.
+type closeRecorder struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (c *closeRecorder) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
 }
 
 // getThrough asks the server's public entry for path on tunnel acme and checks the

@@ -87,10 +87,12 @@ func (s *slot) control(ctx context.Context, mux *yamux.Session, ss *sessionState
 	case <-ctl.Done():
 	case <-ctx.Done():
 	}
-	// Close even after Done: frp's control stops its route's health loop
-	// when it ends, but Run may start the loop after that (a session that
-	// ended at once, e.g. left for another replica), and it would run for
-	// the life of the process.
+	// Close even after the control ended by itself: frp v0.71.0's Run
+	// starts the control's worker before it adds the route's proxy, and a
+	// session that ends at once (a slot leaving a replica another slot
+	// holds) can end the worker, which stops the proxies it knows, before
+	// the proxy is added. That proxy's status loop would then run for the
+	// life of the process; Close stops it (client/control.go Run, worker).
 	_ = ctl.Close()
 	<-ctl.Done()
 }

@@ -24,6 +24,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel"
 )
@@ -54,6 +55,10 @@ type fakeServer struct {
 
 	mu   sync.Mutex
 	down error // what a dial fails with while the server is away
+	// endAtLogin makes each session end right after its login is
+	// accepted, as a slot's does when it leaves a replica another slot
+	// holds.
+	endAtLogin bool
 }
 
 // fakeSession is one session the client opened, as the server sees it.
@@ -107,6 +112,12 @@ func (f *fakeServer) serve(mux *yamux.Session) {
 		return
 	}
 	if err := msg.WriteMsg(stream, &msg.LoginResp{Version: "fake", RunID: f.tunnel + "." + login.RunID}); err != nil {
+		return
+	}
+	f.mu.Lock()
+	end := f.endAtLogin
+	f.mu.Unlock()
+	if end {
 		return
 	}
 	crw, err := netpkg.NewCryptoReadWriter(stream, f.key)
@@ -582,4 +593,36 @@ func dialThrough(t *testing.T, s *fakeSession, addr, payload string) string {
 		t.Fatal(err)
 	}
 	return string(got)
+}
+
+// TestSessionsEndingAtLoginLeaveNothing: sessions that end as soon as their
+// login is accepted leave no goroutine behind once the client stops. frp's
+// control may end before it has added the slot's route, whose status loop
+// then only the client can stop (goleak checks at the end of the package's
+// tests). The race is frp's scheduling, so the test makes many such
+// sessions.
+func TestSessionsEndingAtLoginLeaveNothing(t *testing.T) {
+	c, err := New(Config{
+		Server: "tunnels.example.com:443", TokenFile: unsignedToken(t, "acme"), Proxy: "direct", Connections: MaxConnections,
+		Routes: []proxy.Route{mustRoute(t, "/=http://app:8080")},
+	}, zaptest.NewLogger(t, zaptest.Level(zap.ErrorLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFakeServer(t, c)
+	f.endAtLogin = true
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Serve(ctx, nil) }()
+	const sessions = 300
+	testutil.WaitFor(t, 30*time.Second, func() error {
+		if n := c.status.snapshot().Reconnects; n < sessions {
+			return fmt.Errorf("%d sessions ended at login, want %d", n, sessions)
+		}
+		return nil
+	})
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("Serve: %v", err)
+	}
 }

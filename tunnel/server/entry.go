@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
 // serveEntry is the public HTTP entry: a request for <tunnel>.<domain> goes
@@ -49,16 +51,20 @@ const tunnelWait = 3 * time.Second
 // route serves a request for tunnel name: through a session here (trying
 // the tunnel's other sessions when one fails before the request reached
 // it), or, for a request from the public entry, through a replica that
-// holds a session of the tunnel. When none does, it waits up to tunnelWait
-// for one, then answers 503 tunnel_down. A request a replica forwarded
-// (fromPeer) is served here or refused at once: the replica that forwarded
-// it tries the next holder.
+// holds a session of the tunnel. When none does, or none of those that do
+// can be connected to (the registry still lists a replica that died until
+// its entries expire), it waits up to tunnelWait for a session here or a
+// holder it can reach, then answers 503 tunnel_down (502
+// replica_unreachable when only unreachable holders remain). A request a
+// replica forwarded (fromPeer) is served here or refused at once: the
+// replica that forwarded it tries the next holder.
 func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fromPeer bool) {
 	body := guardBody(r)
 	var tried []*Session
+	var unreachable []string // replicas a forward could not connect to
 	waited := false
 	for {
-		holders := s.registry.Holders(name)
+		holders := reachable(s.registry.Holders(name), unreachable)
 		// A session a drain retired still serves when nothing else can.
 		if sess := s.sessions.pick(name, fromPeer || len(holders) == 0, tried); sess != nil {
 			if s.serveBy(sess, w, r, body) {
@@ -68,10 +74,19 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 			continue
 		}
 		if !fromPeer && len(holders) > 0 {
-			s.forward(w, r, name, holders, body)
-			return
+			if s.forward(w, r, holders, body) {
+				return
+			}
+			for _, h := range holders {
+				unreachable = append(unreachable, h.Replica)
+			}
+			continue
 		}
 		if fromPeer || waited {
+			if len(unreachable) > 0 && len(tried) == 0 {
+				writeReplicaUnreachable(w)
+				return
+			}
 			s.answerUnserved(w, r, name, tried, fromPeer)
 			return
 		}
@@ -79,12 +94,49 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 		// another replica.
 		waited = true
 		ctx, cancel := context.WithTimeout(r.Context(), tunnelWait)
-		_ = s.registry.Wait(ctx, name)
+		s.waitServed(ctx, name, unreachable)
 		cancel()
 		if r.Context().Err() != nil {
 			return // the caller went away
 		}
 	}
+}
+
+// holderPoll is how often a request that found only unreachable holders
+// looks for another: the registry wakes waiters on a tunnel's first holder
+// only, and the unreachable ones still count as holders.
+const holderPoll = 50 * time.Millisecond
+
+// waitServed waits until ctx ends or tunnel name is served here or by a
+// replica not in unreachable.
+func (s *serving) waitServed(ctx context.Context, name string, unreachable []string) {
+	if len(unreachable) == 0 {
+		_ = s.registry.Wait(ctx, name)
+		return
+	}
+	t := time.NewTicker(holderPoll)
+	defer t.Stop()
+	for !s.sessions.serves(name) && len(reachable(s.registry.Holders(name), unreachable)) == 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reachable returns holders without the replicas in unreachable.
+func reachable(holders []registry.Holder, unreachable []string) []registry.Holder {
+	if len(unreachable) == 0 {
+		return holders
+	}
+	var list []registry.Holder
+	for _, h := range holders {
+		if !slices.Contains(unreachable, h.Replica) {
+			list = append(list, h)
+		}
+	}
+	return list
 }
 
 // answerUnserved answers a request no session could take: 502 when the

@@ -75,11 +75,14 @@ func (s *serving) peerAuthorized(got string) bool {
 	return s.peerSecret != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.peerSecret)) == 1
 }
 
-// forward sends a request for tunnel name to one of the replicas that hold
-// it, and the answer back to the caller.
-func (s *serving) forward(w http.ResponseWriter, r *http.Request, name string, holders []registry.Holder, body *guardedBody) {
-	ctx := context.WithValue(r.Context(), holdersKey{}, &peerAttempt{holders: holders, body: body})
-	s.peers.ServeHTTP(w, r.WithContext(ctx))
+// forward sends a request to one of the replicas that hold its tunnel, and
+// the answer back to the caller. It reports false, having written nothing,
+// when none of them could be connected to and nothing of the request was
+// sent: the caller may wait for the tunnel's client to reconnect elsewhere.
+func (s *serving) forward(w http.ResponseWriter, r *http.Request, holders []registry.Holder, body *guardedBody) bool {
+	att := &peerAttempt{holders: holders, body: body}
+	s.peers.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), holdersKey{}, att)))
+	return !att.unreachable.Load()
 }
 
 type holdersKey struct{}
@@ -88,7 +91,14 @@ type holdersKey struct{}
 type peerAttempt struct {
 	holders []registry.Holder
 	body    *guardedBody
+	// unreachable is set when no holder could be connected to and nothing
+	// was sent: no answer was written.
+	unreachable atomic.Bool
 }
+
+// errNoHolderReached: a forwarded request reached none of the tunnel's
+// holders, and nothing of it was sent.
+var errNoHolderReached = errors.New("no replica that holds the tunnel could be connected to")
 
 // newPeerProxy is the reverse proxy that forwards requests to other
 // replicas.
@@ -124,8 +134,11 @@ func (s *serving) newPeerProxy() *httputil.ReverseProxy {
 				return // the caller went away; nobody reads an answer
 			}
 			s.floodLog.Warn("request to another replica failed", zap.String("host", r.Host), zap.Error(err))
-			proxy.WriteError(w, http.StatusBadGateway, "replica_unreachable",
-				"tether: the server replica that holds this tunnel could not be reached; retry")
+			if att, _ := r.Context().Value(holdersKey{}).(*peerAttempt); att != nil && errors.Is(err, errNoHolderReached) {
+				att.unreachable.Store(true) // route decides what to answer
+				return
+			}
+			writeReplicaUnreachable(w)
 		},
 	}
 }
@@ -176,9 +189,16 @@ func (t *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return res, nil
 	}
 	if lastErr == nil {
-		lastErr = errors.New("no other replica holds the tunnel")
+		return nil, fmt.Errorf("%w: no other replica holds it", errNoHolderReached)
 	}
-	return nil, lastErr
+	return nil, fmt.Errorf("%w: %w", errNoHolderReached, lastErr)
+}
+
+// writeReplicaUnreachable answers a request that no replica holding its
+// tunnel could be reached for.
+func writeReplicaUnreachable(w http.ResponseWriter) {
+	proxy.WriteError(w, http.StatusBadGateway, "replica_unreachable",
+		"tether: the server replica that holds this tunnel could not be reached; retry")
 }
 
 // dialFailed reports whether err is a failure to connect, so the request

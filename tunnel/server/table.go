@@ -239,6 +239,14 @@ func (t *sessionTable) othersServe(s *Session) bool {
 	return false
 }
 
+// serves reports whether a session that is not retired serves tunnel name.
+func (t *sessionTable) serves(name string) bool {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	ts := t.tunnels[name]
+	return ts != nil && countActive(ts.serving) > 0
+}
+
 // retire stops the tunnel's sessions here from taking new requests, and
 // releases the tunnel in the registry, so that other replicas stop sending
 // it here: a draining replica does this once another replica serves the
