@@ -2,9 +2,13 @@ package test
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -253,23 +257,29 @@ func TestHAFleet(t *testing.T) {
 	})
 	stopLoad()
 
+	// A forwarded request is signed with the peer secret, as a replica
+	// signs it (README: "Running more than one replica"); the secret itself
+	// never crosses the network.
 	t.Run("peer port", func(t *testing.T) {
 		tu := tunnels[0]
 		for i := range haReplicas {
 			r := f.replica(i)
 			refusedBefore := r.metric(t, "tether_peer_refused_total")
-			for _, c := range []struct{ name, secret string }{
-				{"no secret", ""},
-				{"wrong secret", strings.Repeat("0", len(f.secret))},
-				{"the secret's prefix", f.secret[:len(f.secret)-1]},
+			host := tu.name + "." + domain
+			for _, c := range []struct{ name, auth string }{
+				{"no signature", ""},
+				{"the secret itself", f.secret},
+				{"signed with another secret", peerSignature(strings.Repeat("0", len(f.secret)), time.Now(), "GET", host, "/peer-probe")},
+				{"signed for another path", peerSignature(f.secret, time.Now(), "GET", host, "/other")},
+				{"signed two minutes ago", peerSignature(f.secret, time.Now().Add(-2*time.Minute), "GET", host, "/peer-probe")},
 			} {
 				req, err := http.NewRequest(http.MethodGet, "http://"+r.peerAddr+"/peer-probe", nil)
 				if err != nil {
 					t.Fatal(err)
 				}
-				req.Host = tu.name + "." + domain
-				if c.secret != "" {
-					req.Header.Set("X-Tether-Peer-Auth", c.secret)
+				req.Host = host
+				if c.auth != "" {
+					req.Header.Set("X-Tether-Peer-Auth", c.auth)
 				}
 				res, err := doWith(quickc, req)
 				if err == nil && res.code != http.StatusForbidden {
@@ -279,8 +289,8 @@ func TestHAFleet(t *testing.T) {
 			if got := rawExchange(t, r.peerAddr, "\x16\x03\x01\x02\x00garbage\r\n\r\nGET /peer-probe HTTP/1.1\r\nHost: "+tu.name+"."+domain+"\r\n\r\n"); strings.HasPrefix(got, "HTTP/1.1 2") {
 				t.Errorf("%s peer port, garbage bytes: got %q, want a refusal or the connection closed", r.id, firstLine(got))
 			}
-			if got, want := r.metric(t, "tether_peer_refused_total")-refusedBefore, 3.0; got != want {
-				t.Errorf("%s: tether_peer_refused_total grew by %v, want %v (one per request without the secret)", r.id, got, want)
+			if got, want := r.metric(t, "tether_peer_refused_total")-refusedBefore, 5.0; got != want {
+				t.Errorf("%s: tether_peer_refused_total grew by %v, want %v (one per request without a valid signature)", r.id, got, want)
 			}
 		}
 		if n := tu.probed.Load(); n != 0 {
@@ -292,7 +302,7 @@ func TestHAFleet(t *testing.T) {
 			t.Fatal(err)
 		}
 		req.Host = tu.name + "." + domain
-		req.Header.Set("X-Tether-Peer-Auth", f.secret)
+		req.Header.Set("X-Tether-Peer-Auth", peerSignature(f.secret, time.Now(), "GET", req.Host, "/peer-probe"))
 		res, err := doWith(quickc, req)
 		if err != nil {
 			t.Fatal(err)
@@ -506,4 +516,15 @@ func TestHATwoClientsOneTunnel(t *testing.T) {
 			t.Errorf("client %d: ready %v with %d ready sessions, reconnects %d; want ready with 2, never reconnected", k+1, st.Ready, len(rs), st.Reconnects)
 		}
 	}
+}
+
+// peerSignature signs a request for a replica's peer port: "v1 <unix time>
+// <hex HMAC-SHA256 of the time, method, host and request URI>".
+func peerSignature(secret string, at time.Time, method, host, uri string) string {
+	ts := strconv.FormatInt(at.Unix(), 10)
+	m := hmac.New(sha256.New, []byte(secret))
+	for _, part := range []string{"tether peer v1", ts, method, host, uri} {
+		m.Write([]byte(part + "\n"))
+	}
+	return "v1 " + ts + " " + hex.EncodeToString(m.Sum(nil))
 }

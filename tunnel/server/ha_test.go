@@ -346,8 +346,9 @@ func TestForwardBetweenReplicas(t *testing.T) {
 	}
 }
 
-// The peer port serves only requests that carry the shared secret: others
-// never reach a tunnel, and are counted.
+// The peer port serves only requests signed with the shared secret, for
+// their own method, host and target, recently: others never reach a tunnel,
+// and are counted. The secret itself is no signature.
 func TestPeerRequiresTheSecret(t *testing.T) {
 	f, k := newFleet(), newKeys(t)
 	a := startReplica(t, f, k, "a")
@@ -357,14 +358,26 @@ func TestPeerRequiresTheSecret(t *testing.T) {
 	a.waitSessions(t, "alpha", 1)
 
 	peer := "http://" + a.cfg.PeerAdvertiseAddr
-	for _, secret := range []string{"", "wrong", peerSecretForTests + "x", strings.ToUpper(peerSecretForTests)} {
+	host := "alpha." + testDomain
+	secret := []byte(peerSecretForTests)
+	for _, c := range []struct{ name, auth string }{
+		{"no signature", ""},
+		{"the secret itself", peerSecretForTests},
+		{"another secret", signPeer([]byte("another"), time.Now(), "GET", host, "/")},
+		{"another path", signPeer(secret, time.Now(), "GET", host, "/admin")},
+		{"another host", signPeer(secret, time.Now(), "GET", "beta."+testDomain, "/")},
+		{"another method", signPeer(secret, time.Now(), "POST", host, "/")},
+		{"too old", signPeer(secret, time.Now().Add(-2*peerSignatureSkew), "GET", host, "/")},
+		{"from the future", signPeer(secret, time.Now().Add(2*peerSignatureSkew), "GET", host, "/")},
+		{"garbled", "v1 x y"},
+	} {
 		req, _ := http.NewRequest(http.MethodGet, peer+"/", nil)
-		req.Host = "alpha." + testDomain
-		if secret != "" {
-			req.Header.Set(peerAuthHeader, secret)
+		req.Host = host
+		if c.auth != "" {
+			req.Header.Set(peerAuthHeader, c.auth)
 		}
 		if code, _, h := do(t, req); code != http.StatusForbidden || h.Get(proxy.ErrorHeader) != "peer_forbidden" {
-			t.Errorf("secret %q: %d %q, want 403 peer_forbidden", secret, code, h.Get(proxy.ErrorHeader))
+			t.Errorf("%s: %d %q, want 403 peer_forbidden", c.name, code, h.Get(proxy.ErrorHeader))
 		}
 	}
 	conn, err := net.Dial("tcp", a.cfg.PeerAdvertiseAddr)
@@ -381,13 +394,13 @@ func TestPeerRequiresTheSecret(t *testing.T) {
 	if n := reached.Load(); n != 0 {
 		t.Errorf("%d requests without the secret reached the tunnel", n)
 	}
-	if got := promtest.ToFloat64(a.metrics.peerRefused); got != 4 {
-		t.Errorf("tether_peer_refused_total = %v, want 4", got)
+	if got := promtest.ToFloat64(a.metrics.peerRefused); got != 9 {
+		t.Errorf("tether_peer_refused_total = %v, want 9", got)
 	}
 
 	req, _ := http.NewRequest(http.MethodGet, peer+"/", nil)
-	req.Host = "alpha." + testDomain
-	req.Header.Set(peerAuthHeader, peerSecretForTests)
+	req.Host = host
+	req.Header.Set(peerAuthHeader, signPeer(secret, time.Now(), "GET", host, "/"))
 	if code, body, _ := do(t, req); code != http.StatusOK || reached.Load() != 1 {
 		t.Errorf("with the secret: %d %q, reached %d; want 200 from the tunnel", code, body, reached.Load())
 	}

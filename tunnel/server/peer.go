@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/subtle"
 	"errors"
 	"fmt"
 	"io"
@@ -25,16 +24,16 @@ import (
 // says serves it. That replica serves it from its own sessions and never
 // forwards it again.
 //
-// A forwarded request carries the shared secret (--peer-secret-file) in
-// peerAuthHeader; the peer listener refuses anything without it before
-// looking at the request, and the public entry removes the header from what
-// callers send. The X-Forwarded-* headers the first replica set travel
+// A forwarded request is signed with the shared secret (--peer-secret-file;
+// see peerauth.go) in peerAuthHeader; the peer listener refuses anything
+// without a valid signature before looking at the request, and the public
+// entry removes the header from what callers send. The X-Forwarded-* headers the first replica set travel
 // unchanged. Connections between replicas are kept alive and shared by the
 // tunnels: both ends are tether's own HTTP servers, which frame every
 // response themselves, so no tenant's bytes can leave one where another's
 // request expects its answer.
 const (
-	// peerAuthHeader carries the peer secret on a forwarded request.
+	// peerAuthHeader carries a forwarded request's signature.
 	peerAuthHeader = "X-Tether-Peer-Auth"
 	// peerMissHeader marks a peer's 503 for a tunnel it no longer serves:
 	// the forwarding replica then tries another holder.
@@ -46,9 +45,9 @@ const (
 
 // servePeer serves a request another replica forwarded.
 func (s *serving) servePeer(w http.ResponseWriter, r *http.Request) {
-	if !s.peerAuthorized(r.Header.Get(peerAuthHeader)) {
+	if !verifyPeer(s.peerSecret, time.Now(), r.Header.Get(peerAuthHeader), r.Method, r.Host, r.RequestURI) {
 		s.metrics.peerRefused.Inc()
-		s.floodLog.Warn("peer request refused: missing or wrong peer secret",
+		s.floodLog.Warn("peer request refused: missing or wrong signature (another --peer-secret-file, or clocks more than a minute apart)",
 			zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
 		proxy.WriteError(w, http.StatusForbidden, "peer_forbidden",
 			"tether: this is the tunnel server's peer port; replicas forward requests here with the shared --peer-secret-file")
@@ -67,12 +66,6 @@ func (s *serving) servePeer(w http.ResponseWriter, r *http.Request) {
 	}
 	s.metrics.peerServed.Inc()
 	s.route(proxy.NewStatusWriter(w), r, name, true)
-}
-
-// peerAuthorized compares a forwarded request's secret with ours in
-// constant time.
-func (s *serving) peerAuthorized(got string) bool {
-	return s.peerSecret != "" && subtle.ConstantTimeCompare([]byte(got), []byte(s.peerSecret)) == 1
 }
 
 // forward sends a request to one of the replicas that hold its tunnel, and
@@ -124,7 +117,7 @@ func (s *serving) newPeerProxy() *httputil.ReverseProxy {
 			for _, h := range forwardedHeaders {
 				pr.Out.Header[h] = pr.In.Header[h]
 			}
-			pr.Out.Header.Set(peerAuthHeader, s.peerSecret)
+			pr.Out.Header.Set(peerAuthHeader, signPeer(s.peerSecret, time.Now(), pr.Out.Method, pr.Out.Host, pr.Out.URL.RequestURI()))
 		},
 		Transport:  &peerTransport{next: transport, self: s.cfg.ReplicaID, outcomes: s.metrics.forwarded},
 		BufferPool: bufferPool{},

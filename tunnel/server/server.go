@@ -284,7 +284,7 @@ type Server struct {
 	verifier   *auth.Verifier
 	log        *zap.Logger
 	adminToken string
-	peerSecret string
+	peerSecret []byte
 	certs      *certificates
 	tlsConfig  *tls.Config
 	registry   registry.Registry
@@ -346,9 +346,11 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 		}
 	}
 	if cfg.PeerSecretFile != "" {
-		if s.peerSecret, err = readSecret(cfg.PeerSecretFile, "--peer-secret-file"); err != nil {
+		secret, err := readSecret(cfg.PeerSecretFile, "--peer-secret-file")
+		if err != nil {
 			return nil, err
 		}
+		s.peerSecret = []byte(secret)
 	}
 	if s.registry == nil {
 		if s.registry, err = openRegistry(cfg, log); err != nil {
