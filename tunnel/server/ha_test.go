@@ -599,3 +599,73 @@ func getQuietly(entry, name string) (int, string) {
 	b, _ := io.ReadAll(res.Body)
 	return res.StatusCode, string(b)
 }
+
+// Through a replica that forwards, a websocket upgrade and a large upload
+// pass as they do locally.
+func TestForwardedWebsocketAndLargeBody(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	b := startReplica(t, f, k, "b")
+	be := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "websocket" {
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+			_ = brw.Flush()
+			_, _ = io.Copy(conn, brw) // echo until the caller closes
+			return
+		}
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "received %d bytes, %v", n, err)
+	}))
+	a.runClient(t, "alpha", a.tunnel, 1, be.URL)
+	a.waitSessions(t, "alpha", 1)
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if len(b.registry.Holders("alpha")) != 1 {
+			return errors.New("replica b does not see alpha's holder")
+		}
+		return nil
+	})
+
+	const size = 16 << 20
+	req, _ := http.NewRequest(http.MethodPost, b.entry+"/upload", io.LimitReader(zeroes{}, size))
+	req.Host = "alpha." + testDomain
+	req.ContentLength = size
+	if code, body, _ := do(t, req); code != http.StatusOK || body != fmt.Sprintf("received %d bytes, <nil>", size) {
+		t.Errorf("a 16 MiB upload through replica b: %d %q", code, body)
+	}
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(b.entry, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: alpha."+testDomain+"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade through replica b: %v %v", res, err)
+	}
+	for _, msg := range []string{"ping one", "ping two"} {
+		if _, err := io.WriteString(conn, msg); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
+			t.Fatalf("echo of %q through the upgraded connection: %q, %v", msg, got, err)
+		}
+	}
+}
+
+// zeroes is an endless reader of zero bytes.
+type zeroes struct{}
+
+func (zeroes) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
