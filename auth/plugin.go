@@ -1,6 +1,8 @@
 package auth
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -32,14 +34,15 @@ const maxPluginBody = 64 << 10
 // registry implements it. Methods are called concurrently, from the plugin's
 // HTTP handler, while frp waits for the answer: they must not block for long.
 type Tunnels interface {
-	// Login binds session sessionID to the verified claims and ends any older
-	// session of the same tunnel. Return a *RejectError for a refusal the
-	// client should read; any other error is logged and the client is told
-	// only that the server failed (ReasonInternal).
-	Login(sessionID string, claims *Claims) error
-	// AddRoute records that the session's tunnel registers proxyName. It fails
-	// when the session is not the tunnel's current session or already has a
-	// route. Errors are handled as for Login.
+	// Login binds session sessionID to the verified claims under the frp
+	// run ID runID (see [ScopedRunID]); a live session of the same tunnel
+	// with the same run ID is replaced. Return a *RejectError for a refusal
+	// the client should read; any other error is logged and the client is
+	// told only that the server failed (ReasonInternal).
+	Login(sessionID string, claims *Claims, runID string) error
+	// AddRoute records that the session registers proxyName, its tunnel's
+	// http route. It fails when the session is not logged in or already has
+	// a route. Errors are handled as for Login.
 	AddRoute(sessionID, proxyName string) error
 	// RemoveRoute forgets a route added by AddRoute. Unknown routes are
 	// ignored.
@@ -60,12 +63,17 @@ type Observer interface {
 // Plugin is frp's server-plugin endpoint for tether: an http.Handler that
 // frps calls (see frp's pkg/plugin/server) for the ops in [Plugin.Ops]. It
 // verifies the token of each Login and binds the frp control to the tunnel,
-// and allows each tunnel exactly one http route at its own subdomain.
+// and allows each session of a tunnel exactly one http route at the
+// tunnel's own subdomain, in the tunnel's load-balancing group.
 type Plugin struct {
 	v   *Verifier
 	t   Tunnels
 	log *zap.Logger
 	obs Observer
+	// groupKey is the key of every tunnel's frp load-balancing group: the
+	// plugin puts each route in its tunnel's group, and no client knows the
+	// key, so no client can join another tunnel's group.
+	groupKey string
 }
 
 // NewPlugin returns a Plugin. log may be nil (no logs) and obs may be nil
@@ -77,7 +85,9 @@ func NewPlugin(v *Verifier, t Tunnels, log *zap.Logger, obs Observer) *Plugin {
 	if log == nil {
 		log = zap.NewNop()
 	}
-	return &Plugin{v: v, t: t, log: log, obs: obs}
+	key := make([]byte, 16)
+	_, _ = rand.Read(key)
+	return &Plugin{v: v, t: t, log: log, obs: obs, groupKey: hex.EncodeToString(key)}
 }
 
 // Ops returns the ops frps must send to this plugin (HTTPPluginOptions.Ops).
@@ -193,13 +203,6 @@ func (p *Plugin) login(c *plugin.LoginContent) *plugin.Response {
 	if rej != nil {
 		return p.loginRejected(log, rej)
 	}
-	if c.RunID != "" && c.RunID != claims.Tunnel {
-		return p.loginRejected(log, &RejectError{
-			Reason:        ReasonRunID,
-			Detail:        fmt.Sprintf("run ID %s belongs to another tunnel; this token is for tunnel %s", quote(c.RunID), quote(claims.Tunnel)),
-			ClaimedTunnel: claims.Tunnel,
-		})
-	}
 	session := c.Metas[SessionMetaKey]
 	if session == "" {
 		return p.loginRejected(log, &RejectError{
@@ -208,7 +211,8 @@ func (p *Plugin) login(c *plugin.LoginContent) *plugin.Response {
 			ClaimedTunnel: claims.Tunnel,
 		})
 	}
-	if err := p.t.Login(session, claims); err != nil {
+	runID := ScopedRunID(claims.Tunnel, c.RunID)
+	if err := p.t.Login(session, claims, runID); err != nil {
 		rej, internal := asReject(err, "register this login")
 		if internal {
 			log.Error("register tunnel login", zap.String("tunnel", claims.Tunnel), zap.String("session", session), zap.Error(err))
@@ -225,16 +229,17 @@ func (p *Plugin) login(c *plugin.LoginContent) *plugin.Response {
 		zap.String("kid", claims.KeyID),
 		zap.Time("expires", claims.ExpiresAt),
 		zap.String("session", session),
+		zap.String("run_id", runID),
 		zap.String("client_version", c.Version))
 	if p.obs != nil {
 		p.obs.LoginAccepted(claims)
 	}
 
 	out := *c
-	// The run ID is the tunnel name: frps replaces a control whose run ID a
-	// new login reuses, and accepts work connections by run ID, so both are
-	// bound to the verified identity instead of to a value the client chose.
-	out.RunID = claims.Tunnel
+	// The run ID is scoped to the verified tunnel (see ScopedRunID), and the
+	// user is the tunnel: frp passes both to every later plugin call of this
+	// control, where they name the tunnel.
+	out.RunID = runID
 	out.User = claims.Tunnel
 	// frps refuses a second control with the same (user, client ID); a
 	// client-chosen ID could collide with another tenant's.
@@ -257,12 +262,15 @@ func (p *Plugin) loginRejected(log *zap.Logger, rej *RejectError) *plugin.Respon
 	return rejected(rej)
 }
 
-// newProxy allows exactly one http route at the tunnel's own subdomain.
+// newProxy allows one http route per session, at the tunnel's own
+// subdomain, and puts it in the tunnel's load-balancing group, so that the
+// tunnel's sessions share its subdomain in frp's vhost.
 func (p *Plugin) newProxy(c *plugin.NewProxyContent) *plugin.Response {
-	tunnel := c.User.RunID
+	// User is the verified tunnel: the login answer set it (see login).
+	tunnel := c.User.User
 	session := c.User.Metas[SessionMetaKey]
 	log := p.log.With(zap.String("tunnel", tunnel), zap.String("proxy", c.ProxyName))
-	if tunnel == "" || session == "" || c.User.User != tunnel {
+	if tunnel == "" || session == "" || c.User.RunID == "" {
 		return p.routeRejected(log, reject(ReasonSession,
 			"proxy registration did not come from a tunnel session logged in through tether; reconnect"))
 	}
@@ -277,7 +285,9 @@ func (p *Plugin) newProxy(c *plugin.NewProxyContent) *plugin.Response {
 		return p.routeRejected(log, rej)
 	}
 	log.Debug("tunnel route registered", zap.String("session", session))
-	return &plugin.Response{Unchange: true}
+	out := *c
+	out.Group, out.GroupKey = tunnel, p.groupKey
+	return &plugin.Response{Unchange: false, Content: &out}
 }
 
 func (p *Plugin) routeRejected(log *zap.Logger, rej *RejectError) *plugin.Response {
@@ -292,15 +302,15 @@ func (p *Plugin) routeRejected(log *zap.Logger, rej *RejectError) *plugin.Respon
 func (p *Plugin) closeProxy(c *plugin.CloseProxyContent) *plugin.Response {
 	if session := c.User.Metas[SessionMetaKey]; session != "" {
 		p.t.RemoveRoute(session, c.ProxyName)
-		p.log.Debug("tunnel route removed", zap.String("tunnel", c.User.RunID), zap.String("proxy", c.ProxyName))
+		p.log.Debug("tunnel route removed", zap.String("tunnel", c.User.User), zap.String("proxy", c.ProxyName))
 	}
 	return &plugin.Response{Unchange: true}
 }
 
-// routeProblems lists how a NewProxy breaks tether's route rule: a tunnel
-// serves exactly one http route, at its own subdomain, named after the tunnel.
-// Every frp feature that would reach beyond that (other proxy types, ports,
-// custom domains, load-balancing groups shared with other clients, path
+// routeProblems lists how a NewProxy breaks tether's route rule: a session
+// serves exactly one http route, at its tunnel's subdomain, named after the
+// tunnel. Every frp feature that would reach beyond that (other proxy types,
+// ports, custom domains, load-balancing groups the client chose, path
 // routing, HTTP basic auth routing, visitors) is refused. Nil means allowed.
 func routeProblems(tunnel string, np *msg.NewProxy) []string {
 	if np.ProxyType != "http" {
@@ -319,7 +329,7 @@ func routeProblems(tunnel string, np *msg.NewProxy) []string {
 		add("custom_domains %s is not allowed: a tunnel is served only at its subdomain %s", quoteList(np.CustomDomains), quote(tunnel))
 	}
 	if np.Group != "" || np.GroupKey != "" {
-		add("load balancing group %s is not allowed: a tunnel has one client session; remove group and group_key", quote(np.Group))
+		add("load balancing group %s is not allowed: the server puts every route of a tunnel in the tunnel's group; remove group and group_key", quote(np.Group))
 	}
 	if len(np.Locations) > 1 || (len(np.Locations) == 1 && np.Locations[0] != "/") {
 		add(`locations %s is not allowed: a tunnel serves every path; remove locations (or use ["/"])`, quoteList(np.Locations))

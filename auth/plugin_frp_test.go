@@ -34,12 +34,13 @@ func TestPluginThroughFRP(t *testing.T) {
 	t.Run("login accepted", func(t *testing.T) {
 		tok := e.token(t, "acme")
 		in := loginContent(map[string]string{auth.TokenMetaKey: tok, auth.SessionMetaKey: "s1"})
+		in.RunID = "0f3a9c21-0"
 		out, err := m.Login(&in)
 		if err != nil {
 			t.Fatalf("Login: %v", err)
 		}
-		if out.RunID != "acme" || out.User != "acme" || out.ClientID != "" {
-			t.Errorf("run ID/user/client ID = %q/%q/%q, want acme/acme/empty", out.RunID, out.User, out.ClientID)
+		if out.RunID != "acme.0f3a9c21-0" || out.User != "acme" || out.ClientID != "" {
+			t.Errorf("run ID/user/client ID = %q/%q/%q, want acme.0f3a9c21-0/acme/empty", out.RunID, out.User, out.ClientID)
 		}
 		if want := map[string]string{auth.SessionMetaKey: "s1"}; !maps.Equal(out.Metas, want) {
 			t.Errorf("Metas = %v, want %v", out.Metas, want)
@@ -57,8 +58,13 @@ func TestPluginThroughFRP(t *testing.T) {
 
 	t.Run("new proxy allowed", func(t *testing.T) {
 		in := goodProxy()
-		if _, err := m.NewProxy(&in); err != nil {
+		out, err := m.NewProxy(&in)
+		if err != nil {
 			t.Fatalf("NewProxy: %v", err)
+		}
+		// frp registers what the plugin answers: the route in its tunnel's group.
+		if out.Group != "acme" || out.GroupKey == "" {
+			t.Errorf("group/key = %q/%q, want acme and the plugin's key", out.Group, out.GroupKey)
 		}
 		if !slices.Contains(e.tunnels.routes, routeCall{"s1", "acme.web"}) {
 			t.Errorf("AddRoute calls = %v, want s1/acme.web", e.tunnels.routes)

@@ -31,25 +31,30 @@ var testClient = &http.Client{Timeout: 10 * time.Second}
 
 type routeCall struct{ session, proxy string }
 
+type loginCall struct {
+	claims *auth.Claims
+	runID  string
+}
+
 // fakeTunnels records the plugin's calls and fails on demand.
 type fakeTunnels struct {
 	mu       sync.Mutex
-	logins   map[string]*auth.Claims
+	logins   map[string]loginCall
 	routes   []routeCall
 	removed  []routeCall
 	loginErr error
 	routeErr error
 }
 
-func newFakeTunnels() *fakeTunnels { return &fakeTunnels{logins: map[string]*auth.Claims{}} }
+func newFakeTunnels() *fakeTunnels { return &fakeTunnels{logins: map[string]loginCall{}} }
 
-func (f *fakeTunnels) Login(sessionID string, c *auth.Claims) error {
+func (f *fakeTunnels) Login(sessionID string, c *auth.Claims, runID string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.loginErr != nil {
 		return f.loginErr
 	}
-	f.logins[sessionID] = c
+	f.logins[sessionID] = loginCall{c, runID}
 	return nil
 }
 
@@ -191,12 +196,16 @@ func loginContent(metas map[string]string) plugin.LoginContent {
 }
 
 func TestPluginLoginAccepted(t *testing.T) {
-	for _, runID := range []string{"", "acme"} {
-		t.Run("run ID "+runID, func(t *testing.T) {
+	for _, tc := range []struct{ runID, want string }{
+		{"0f3a9c21-1", "acme.0f3a9c21-1"}, // a tether client's connection
+		{"acme.5e1d", "acme.5e1d"},        // a stock frpc reconnecting with the ID it was given
+		{"globex.5e1d", "acme.globex.5e1d"},
+	} {
+		t.Run("run ID "+tc.runID, func(t *testing.T) {
 			e := newPluginEnv(t)
 			tok := e.token(t, "acme")
 			in := loginContent(map[string]string{auth.TokenMetaKey: tok, auth.SessionMetaKey: "s1", "region": "eu"})
-			in.RunID = runID
+			in.RunID = tc.runID
 			res := e.call(t, plugin.OpLogin, in)
 			if res.Reject || res.Unchange {
 				t.Fatalf("response = %+v, want accepted with changed content", res)
@@ -205,8 +214,11 @@ func TestPluginLoginAccepted(t *testing.T) {
 			if err := json.Unmarshal(res.Content, &out); err != nil {
 				t.Fatal(err)
 			}
-			if out.RunID != "acme" || out.User != "acme" || out.ClientID != "" {
-				t.Errorf("run ID/user/client ID = %q/%q/%q, want acme/acme/empty", out.RunID, out.User, out.ClientID)
+			if out.RunID != tc.want || out.User != "acme" || out.ClientID != "" {
+				t.Errorf("run ID/user/client ID = %q/%q/%q, want %s/acme/empty", out.RunID, out.User, out.ClientID, tc.want)
+			}
+			if got := e.tunnels.logins["s1"].runID; got != tc.want {
+				t.Errorf("Tunnels.Login got run ID %q, want %q", got, tc.want)
 			}
 			if want := map[string]string{auth.SessionMetaKey: "s1", "region": "eu"}; !maps.Equal(out.Metas, want) {
 				t.Errorf("Metas = %v, want %v (token removed, the rest kept)", out.Metas, want)
@@ -214,7 +226,7 @@ func TestPluginLoginAccepted(t *testing.T) {
 			if out.PrivilegeKey != "pk" || out.Hostname != "runtime-pod" || out.ClientAddress != in.ClientAddress || out.PoolCount != 1 {
 				t.Errorf("content changed beyond identity: %+v", out)
 			}
-			if c := e.tunnels.logins["s1"]; c == nil || c.Tunnel != "acme" || c.Account != "acct-1" {
+			if c := e.tunnels.logins["s1"].claims; c == nil || c.Tunnel != "acme" || c.Account != "acct-1" {
 				t.Errorf("Tunnels.Login got %+v for session s1, want tunnel acme", c)
 			}
 			if !slices.Equal(e.obs.accepted, []string{"acme"}) {
@@ -258,8 +270,6 @@ func TestPluginLoginRejected(t *testing.T) {
 		{name: "foreign key", token: func(e *pluginEnv, t *testing.T) string {
 			return mint(t, newKeyPair(t, auth.EdDSA, 0), claims(), nil)
 		}, want: auth.ReasonUnknownKey},
-		{name: "another tunnel's run ID", runID: "globex", want: auth.ReasonRunID,
-			contains: `run ID "globex" belongs to another tunnel; this token is for tunnel "acme"`},
 		{name: "no session", metas: func(tok string) map[string]string { return map[string]string{auth.TokenMetaKey: tok} },
 			want: auth.ReasonSession, contains: "tether session layer"},
 		{name: "registry refuses", tunnels: func(f *fakeTunnels) {
@@ -319,7 +329,7 @@ func TestPluginLoginRejected(t *testing.T) {
 // goodProxy is the one route a tunnel "acme" may register.
 func goodProxy() plugin.NewProxyContent {
 	return plugin.NewProxyContent{
-		User: plugin.UserInfo{User: "acme", RunID: "acme", Metas: map[string]string{auth.SessionMetaKey: "s1"}},
+		User: plugin.UserInfo{User: "acme", RunID: "acme.0f3a9c21-0", Metas: map[string]string{auth.SessionMetaKey: "s1"}},
 		NewProxy: msg.NewProxy{
 			ProxyName: "acme.web",
 			ProxyType: "http",
@@ -384,7 +394,7 @@ func TestPluginNewProxy(t *testing.T) {
 
 		{name: "no session", mod: func(c *plugin.NewProxyContent) { delete(c.User.Metas, auth.SessionMetaKey) }, want: auth.ReasonSession},
 		{name: "no run ID", mod: func(c *plugin.NewProxyContent) { c.User.RunID = "" }, want: auth.ReasonSession},
-		{name: "user is not the run ID", mod: func(c *plugin.NewProxyContent) { c.User.User = "globex" }, want: auth.ReasonSession},
+		{name: "no user", mod: func(c *plugin.NewProxyContent) { c.User.User = "" }, want: auth.ReasonSession},
 		{name: "registry refuses", mod: func(*plugin.NewProxyContent) {}, tunnels: func(f *fakeTunnels) {
 			f.routeErr = &auth.RejectError{Reason: auth.ReasonSession, Detail: "session s1 is not the current session of tunnel \"acme\""}
 		}, want: auth.ReasonSession, contains: "not the current session"},
@@ -402,8 +412,19 @@ func TestPluginNewProxy(t *testing.T) {
 			tc.mod(&in)
 			res := e.call(t, plugin.OpNewProxy, in)
 			if tc.want == "" {
-				if res.Reject || !res.Unchange {
-					t.Fatalf("response = %+v, want allowed and unchanged", res)
+				if res.Reject || res.Unchange {
+					t.Fatalf("response = %+v, want allowed, with the group set", res)
+				}
+				var out plugin.NewProxyContent
+				if err := json.Unmarshal(res.Content, &out); err != nil {
+					t.Fatal(err)
+				}
+				if out.Group != "acme" || len(out.GroupKey) < 32 {
+					t.Errorf("group %q, key %q: want the tunnel's group with the plugin's key", out.Group, out.GroupKey)
+				}
+				out.Group, out.GroupKey = "", ""
+				if gotJSON, wantJSON := mustJSON(t, out.NewProxy), mustJSON(t, in.NewProxy); !bytes.Equal(gotJSON, wantJSON) {
+					t.Errorf("NewProxy changed beyond the group:\n got %s\nwant %s", gotJSON, wantJSON)
 				}
 				if want := []routeCall{{"s1", in.ProxyName}}; !slices.Equal(e.tunnels.routes, want) {
 					t.Errorf("AddRoute calls = %v, want %v", e.tunnels.routes, want)
@@ -429,6 +450,30 @@ func TestPluginNewProxy(t *testing.T) {
 				t.Errorf("observer route rejections = %v, want [%s]", e.obs.routes, tc.want)
 			}
 		})
+	}
+}
+
+// Every route of a tunnel lands in the tunnel's group, with one key that no
+// client chose: two sessions of a tunnel share its subdomain, and no other
+// tunnel can join them.
+func TestPluginGroupsEveryRouteOfATunnel(t *testing.T) {
+	e := newPluginEnv(t)
+	groups := map[string]string{}
+	for _, c := range []struct{ tunnel, proxy string }{{"acme", "acme.a-0"}, {"acme", "acme.b-1"}, {"globex", "globex.c-0"}} {
+		in := goodProxy()
+		in.User.User, in.ProxyName, in.SubDomain = c.tunnel, c.proxy, c.tunnel
+		res := e.call(t, plugin.OpNewProxy, in)
+		var out plugin.NewProxyContent
+		if err := json.Unmarshal(res.Content, &out); err != nil || res.Reject {
+			t.Fatalf("%s: response %+v (%v)", c.proxy, res, err)
+		}
+		if out.Group != c.tunnel {
+			t.Errorf("%s: group %q, want %q", c.proxy, out.Group, c.tunnel)
+		}
+		groups[c.proxy] = out.GroupKey
+	}
+	if groups["acme.a-0"] != groups["acme.b-1"] {
+		t.Error("two sessions of one tunnel got different group keys: frp would refuse the second")
 	}
 }
 

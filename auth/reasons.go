@@ -36,8 +36,12 @@ const (
 	ReasonAudience Reason = "audience"
 	// ReasonSubject means sub is missing or not a valid tunnel name.
 	ReasonSubject Reason = "subject"
-	// ReasonRunID means the login reuses a run ID that is not this tunnel's.
-	ReasonRunID Reason = "run_id"
+	// ReasonSessionLimit means the tunnel already has as many sessions on
+	// the server as it may (--max-sessions-per-tunnel).
+	ReasonSessionLimit Reason = "session_limit"
+	// ReasonMixedClients means a stock frpc and a tether client tried to
+	// serve one tunnel on one server.
+	ReasonMixedClients Reason = "mixed_clients"
 	// ReasonProxy means a NewProxy that breaks the route rules.
 	ReasonProxy Reason = "proxy"
 	// ReasonSession means the login or proxy did not come through the tether

@@ -32,6 +32,14 @@ type Options struct {
 	// inject their own. DialTimeout still applies, through the context.
 	DialContext DialFunc
 
+	// Reroute, if set, is asked about every error of forwarding a request
+	// before the router answers it. When it returns true, the router
+	// answers nothing and counts nothing: its caller sends the request
+	// elsewhere. ServeHTTP then returns having written nothing. The tunnel
+	// server uses it when a tunnel session failed before any of the request
+	// reached it, to send the request through another session.
+	Reroute func(err error) bool
+
 	// Metrics, if set, receives the router's collectors:
 	// tether_proxy_requests_total{route,adapter,class} and
 	// tether_proxy_upstream_latency_seconds{route,adapter}.
@@ -59,6 +67,7 @@ type route struct {
 	proxy       *httputil.ReverseProxy
 	log         *zap.Logger
 	metrics     *routeMetrics // nil without metrics
+	reroute     func(error) bool
 }
 
 // ValidateRoutes checks routes as NewRouter does (at least one, prefixes
@@ -117,6 +126,7 @@ func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 			upstream:    g.Upstream.String(),
 			strip:       g.Upstream.Path != "",
 			dialTimeout: dialTimeout,
+			reroute:     opts.Reroute,
 		}
 		rt.log = log.With(
 			zap.String("route", g.Prefix),
@@ -283,6 +293,9 @@ func (r *Router) reject(w http.ResponseWriter, req *http.Request, status int, co
 
 // finish logs and counts a forwarded request.
 func (rt *route) finish(sw *StatusWriter, req *http.Request, start time.Time) {
+	if sw.rerouted {
+		return
+	}
 	rt.metrics.count(sw.status, sw.canceled)
 	if ce := rt.log.Check(zapcore.DebugLevel, "request"); ce != nil {
 		ce.Write(

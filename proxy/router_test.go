@@ -1,10 +1,17 @@
 package proxy
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"syscall"
 	"testing"
+
+	"go.uber.org/zap/zaptest"
 )
 
 func TestRouterLongestPrefix(t *testing.T) {
@@ -261,3 +268,47 @@ func TestDefaultRoutesRouting(t *testing.T) {
 		}
 	}
 }
+
+// Reroute takes the errors it wants: the router then answers nothing and
+// counts nothing, and its caller serves the request elsewhere. Other errors
+// are answered as always.
+func TestRouterReroute(t *testing.T) {
+	errSession := errors.New("the session could not carry the dial")
+	var offered []error
+	r, err := NewRouter([]Route{{Prefix: "/", Upstream: mustURL(t, "http://upstream.test:80")}}, zaptest.NewLogger(t), Options{
+		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
+			if strings.HasPrefix(fmt.Sprint(ctx.Value(rerouteKey{})), "session") {
+				return nil, errSession
+			}
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		},
+		Reroute: func(err error) bool {
+			offered = append(offered, err)
+			return errors.Is(err, errSession)
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for _, tc := range []struct {
+		cause      string
+		wantStatus int
+	}{
+		{"session", 0},                      // rerouted: nothing written
+		{"upstream", http.StatusBadGateway}, // answered: 502 upstream_unreachable
+	} {
+		req := httptest.NewRequestWithContext(context.WithValue(t.Context(), rerouteKey{}, tc.cause), http.MethodGet, "/x", nil)
+		rec := httptest.NewRecorder()
+		sw := NewStatusWriter(rec)
+		r.ServeHTTP(sw, req)
+		if sw.Status() != tc.wantStatus {
+			t.Errorf("%s failure: status %d, want %d (body %q)", tc.cause, sw.Status(), tc.wantStatus, rec.Body.String())
+		}
+	}
+	if len(offered) != 2 {
+		t.Errorf("Reroute was offered %d errors, want 2", len(offered))
+	}
+}
+
+type rerouteKey struct{}

@@ -42,6 +42,12 @@ var loggedIn = client.Snapshot{
 		{Prefix: "/", Upstream: "http://app-proxy:8080", Adapter: "app-proxy"},
 		{Prefix: "/workflows", Upstream: "https://argo-server:2746/", Adapter: "argo-workflows"},
 	},
+	Connections: 2,
+	Sessions: []client.SessionState{
+		{Slot: 0, Replica: "tether-server-0", Session: "5f0c", State: "moving", Since: timeAt(-5 * time.Second), Via: "proxy http://proxy.corp:3128"},
+		{Slot: 0, Replica: "tether-server-2", Session: "77ab", State: "ready", Since: timeAt(-4 * time.Second), Via: "proxy http://proxy.corp:3128"},
+		{Slot: 1, State: "connecting", Since: timeAt(-90 * time.Second), LastError: "dial tcp 203.0.113.1:7000: connection refused"},
+	},
 }
 
 func showClient(t *testing.T, addr string, format Format) (string, error) {
@@ -77,9 +83,44 @@ Routes:
   PREFIX       UPSTREAM                    ADAPTER
   /            http://app-proxy:8080       app-proxy
   /workflows   https://argo-server:2746/   argo-workflows
+Sessions:
+  SLOT   REPLICA           STATE        SINCE   VIA
+  0      tether-server-0   moving       5s      proxy http://proxy.corp:3128
+  0      tether-server-2   ready        4s      proxy http://proxy.corp:3128
+  1      <none>            connecting   90s     <none>
 `
 	if out != want {
 		t.Errorf("client status:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// Wide adds each session's server session ID and last error.
+func TestClientSessionsWide(t *testing.T) {
+	out, err := showClient(t, healthAPI(t, loggedIn), Wide)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `Sessions:
+  SLOT   REPLICA           STATE        SINCE   VIA                            SESSION   LAST ERROR
+  0      tether-server-0   moving       5s      proxy http://proxy.corp:3128   5f0c      <none>
+  0      tether-server-2   ready        4s      proxy http://proxy.corp:3128   77ab      <none>
+  1      <none>            connecting   90s     <none>                         <none>    dial tcp 203.0.113.1:7000: connection refused
+`
+	if !strings.HasSuffix(out, want) {
+		t.Errorf("client status -o wide:\n%s\nwant it to end with:\n%s", out, want)
+	}
+}
+
+// A client older than sessions reports none, and status prints no table.
+func TestClientWithoutSessions(t *testing.T) {
+	snap := loggedIn
+	snap.Connections, snap.Sessions = 0, nil
+	out, err := showClient(t, healthAPI(t, snap), Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out, "Sessions") || !strings.HasSuffix(out, "argo-workflows\n") {
+		t.Errorf("status of a client without sessions:\n%s", out)
 	}
 }
 
@@ -89,6 +130,8 @@ func TestClientEscapesValues(t *testing.T) {
 		Tunnel: "acme\x1b[2J", Server: "tunnels.example.com:7000", Transport: "tcp\r", Via: "direct\nState: ready",
 		State: "not connected: " + hostileVersion, LastError: "boom\r\x1b[1A", LastErrorAt: timeAt(-time.Second),
 		Routes: []client.RouteState{{Prefix: "/\x1b[8m", Upstream: "http://a:1\n  /x", Adapter: "custom\u202e"}},
+		// The replica and session names come from the server.
+		Sessions: []client.SessionState{{Slot: 0, Replica: "r\x1b[2J\n1   evil", Session: "s\r", State: "ready\u202e", Via: "direct\t", LastError: "x\x1b[1A"}},
 	}
 	out, err := showClient(t, healthAPI(t, snap), Table)
 	if err != nil {
@@ -97,10 +140,11 @@ func TestClientEscapesValues(t *testing.T) {
 	if r, ok := unsafeForTerminal(out); ok {
 		t.Errorf("client status holds %q:\n%q", r, out)
 	}
-	if n := strings.Count(out, "\n"); n != 12 {
-		t.Errorf("client status has %d lines, want 12 (9 fields, Routes, header, one route):\n%s", n, out)
+	if n := strings.Count(out, "\n"); n != 15 {
+		t.Errorf("client status has %d lines, want 15 (9 fields, Routes, header, one route, Sessions, header, one session):\n%s", n, out)
 	}
-	for _, want := range []string{`Via:          direct\nState: ready`, `Last error:   boom\r\x1b[1A (1s ago)`, `/\x1b[8m`, `custom\u202e`} {
+	for _, want := range []string{`Via:          direct\nState: ready`, `Last error:   boom\r\x1b[1A (1s ago)`, `/\x1b[8m`, `custom\u202e`,
+		`r\x1b[2J\n1   evil`, `ready\u202e`, `direct\t`} {
 		if !strings.Contains(out, want) {
 			t.Errorf("client status lacks %q:\n%s", want, out)
 		}

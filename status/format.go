@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -15,6 +17,7 @@ import (
 	"github.com/tether-dev/tether/internal/human"
 	"github.com/tether-dev/tether/tunnel/client"
 	"github.com/tether-dev/tether/tunnel/server"
+	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
 // none stands for an empty field in a table.
@@ -28,8 +31,10 @@ type Printer struct {
 	Now func() time.Time
 }
 
-// Tunnels prints a server's tunnels. An empty list prints
-// "No tunnels connected." (in JSON, []).
+// Tunnels prints a server's tunnels, a row per session. An empty list
+// prints "No tunnels connected." (in JSON, []). Wide adds, besides the
+// sessions' transport, route, token expiry and requests, each session's ID
+// (its first 8 characters) and replica.
 func (p Printer) Tunnels(list []server.Info) error {
 	if p.Format == JSON {
 		if list == nil {
@@ -45,21 +50,40 @@ func (p Printer) Tunnels(list []server.Info) error {
 	tw := newTabWriter(p.Out)
 	header := "NAME\tACCOUNT\tRUNTIME\tCLIENT\tCONNECTED\tVERSION\tIN\tOUT"
 	if p.Format == Wide {
-		header += "\tTRANSPORT\tROUTE\tTOKEN-EXPIRES\tREQUESTS"
+		header += "\tTRANSPORT\tROUTE\tTOKEN-EXPIRES\tREQUESTS\tSESSION\tREPLICA"
 	}
 	fmt.Fprintln(tw, header)
 	for _, t := range list {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s", field(t.Name), field(t.Account), field(t.Runtime),
 			field(t.ClientAddress), human.Age(now.Sub(t.ConnectedSince)), field(t.ClientVersion), human.Bytes(t.BytesIn), human.Bytes(t.BytesOut))
 		if p.Format == Wide {
-			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d", field(t.Transport), field(t.Route), timeLeft(t.TokenExpires, now), t.Requests)
+			fmt.Fprintf(tw, "\t%s\t%s\t%s\t%d\t%s\t%s", field(t.Transport), field(t.Route), timeLeft(t.TokenExpires, now), t.Requests,
+				field(shortID(t.Session)), field(t.Replica))
 		}
 		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
 
-// Client prints one client's state; Wide prints what Table does.
+// shortIDLength is how much of a session ID a table shows: enough to tell a
+// tunnel's sessions apart, and to find one in logs and in its client's
+// status.
+const shortIDLength = 8
+
+// shortID returns the first shortIDLength characters of id.
+func shortID(id string) string {
+	n := 0
+	for i := range id {
+		if n == shortIDLength {
+			return id[:i]
+		}
+		n++
+	}
+	return id
+}
+
+// Client prints one client's state, and its sessions when the client
+// reports them; Wide adds each session's server session ID and last error.
 func (p Printer) Client(s client.Snapshot) error {
 	if p.Format == JSON {
 		return writeJSON(p.Out, s)
@@ -81,16 +105,51 @@ func (p Printer) Client(s client.Snapshot) error {
 	fmt.Fprintf(tw, "Reconnects:\t%d\n", s.Reconnects)
 	if len(s.Routes) == 0 {
 		fmt.Fprintf(tw, "Routes:\t%s\n", none)
-		return tw.Flush()
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+	} else {
+		fmt.Fprintln(tw, "Routes:")
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		tw = newTabWriter(p.Out)
+		fmt.Fprintln(tw, "  PREFIX\tUPSTREAM\tADAPTER")
+		for _, r := range s.Routes {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", printable(r.Prefix), printable(r.Upstream), field(r.Adapter))
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
 	}
-	fmt.Fprintln(tw, "Routes:")
-	if err := tw.Flush(); err != nil {
+	return p.sessions(s.Sessions, now)
+}
+
+// sessions prints a client's sessions; nothing for a client that does not
+// report them.
+func (p Printer) sessions(list []client.SessionState, now time.Time) error {
+	if len(list) == 0 {
+		return nil
+	}
+	if _, err := fmt.Fprintln(p.Out, "Sessions:"); err != nil {
 		return err
 	}
-	tw = newTabWriter(p.Out)
-	fmt.Fprintln(tw, "  PREFIX\tUPSTREAM\tADAPTER")
-	for _, r := range s.Routes {
-		fmt.Fprintf(tw, "  %s\t%s\t%s\n", printable(r.Prefix), printable(r.Upstream), field(r.Adapter))
+	tw := newTabWriter(p.Out)
+	header := "  SLOT\tREPLICA\tSTATE\tSINCE\tVIA"
+	if p.Format == Wide {
+		header += "\tSESSION\tLAST ERROR"
+	}
+	fmt.Fprintln(tw, header)
+	for _, s := range list {
+		age := none
+		if s.Since != nil {
+			age = human.Age(now.Sub(*s.Since))
+		}
+		fmt.Fprintf(tw, "  %d\t%s\t%s\t%s\t%s", s.Slot, field(s.Replica), field(s.State), age, field(s.Via))
+		if p.Format == Wide {
+			fmt.Fprintf(tw, "\t%s\t%s", field(s.Session), field(s.LastError))
+		}
+		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
 }
@@ -212,6 +271,101 @@ func (p Printer) FilteredTunnels(list []server.Info, f Filter) error {
 		return err
 	}
 	if perr := p.Tunnels(kept); perr != nil {
+		return perr
+	}
+	return err
+}
+
+// Fleet prints the registry's view of every replica's tunnels, as the
+// replica asked sees it: a line on that replica and its registry, then a
+// row per tunnel with the replicas that hold it. Wide adds the holders'
+// peer addresses, in the order of their replicas. In JSON it prints the
+// endpoint's object.
+func (p Printer) Fleet(fl server.Fleet) error {
+	if p.Format == JSON {
+		if fl.Tunnels == nil {
+			fl.Tunnels = map[string][]registry.Holder{}
+		}
+		return writeJSON(p.Out, fl)
+	}
+	if _, err := fmt.Fprintf(p.Out, "Replica: %s   Registry: %s\n", field(fl.Replica), registryState(fl.Registry, p.Now())); err != nil {
+		return err
+	}
+	if len(fl.Tunnels) == 0 {
+		_, err := fmt.Fprintln(p.Out, "No tunnels in the registry.")
+		return err
+	}
+	tw := newTabWriter(p.Out)
+	header := "TUNNEL\tREPLICAS"
+	if p.Format == Wide {
+		header += "\tPEER-ADDRESSES"
+	}
+	fmt.Fprintln(tw, header)
+	for _, name := range slices.Sorted(maps.Keys(fl.Tunnels)) {
+		holders := slices.SortedStableFunc(slices.Values(fl.Tunnels[name]), func(a, b registry.Holder) int {
+			return strings.Compare(a.Replica, b.Replica)
+		})
+		replicas, addrs := make([]string, len(holders)), make([]string, len(holders))
+		for i, h := range holders {
+			replicas[i], addrs[i] = field(h.Replica), field(h.Addr)
+		}
+		fmt.Fprintf(tw, "%s\t%s", field(name), joinOrNone(replicas))
+		if p.Format == Wide {
+			fmt.Fprintf(tw, "\t%s", joinOrNone(addrs))
+		}
+		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
+}
+
+// registryState says "redis at redis://10.0.0.5:6379/0, up for 3h12m
+// (since 2025-03-01T08:48:00Z)", and the last error when there was one.
+func registryState(s registry.Status, now time.Time) string {
+	var b strings.Builder
+	b.WriteString(field(s.Backend))
+	if s.Target != "" {
+		b.WriteString(" at " + printable(s.Target))
+	}
+	state := "down"
+	if s.Up {
+		state = "up"
+	}
+	b.WriteString(", " + state)
+	if !s.Since.IsZero() {
+		fmt.Fprintf(&b, " for %s (since %s)", human.Age(now.Sub(s.Since)), s.Since.UTC().Format(time.RFC3339))
+	}
+	if s.LastError != "" {
+		b.WriteString(", last error: " + printable(s.LastError))
+	}
+	return b.String()
+}
+
+func joinOrNone(list []string) string {
+	if len(list) == 0 {
+		return none
+	}
+	return strings.Join(list, ",")
+}
+
+// FilteredFleet prints the fleet's tunnels that f keeps. When names match
+// no tunnel it prints what did match (in JSON, always the fleet) and
+// returns the *NoMatchError.
+func (p Printer) FilteredFleet(fl server.Fleet, f Filter) error {
+	names := slices.Sorted(maps.Keys(fl.Tunnels))
+	keep, err := f.match(names)
+	if len(f.patterns) > 0 {
+		kept := make(map[string][]registry.Holder)
+		for i, name := range names {
+			if keep[i] {
+				kept[name] = fl.Tunnels[name]
+			}
+		}
+		fl.Tunnels = kept
+	}
+	if err != nil && len(fl.Tunnels) == 0 && p.Format != JSON {
+		return err
+	}
+	if perr := p.Fleet(fl); perr != nil {
 		return perr
 	}
 	return err

@@ -35,3 +35,17 @@ func TestPrintable(t *testing.T) {
 		}
 	}
 }
+
+func TestShortID(t *testing.T) {
+	for in, want := range map[string]string{
+		"5f0c6a7b8c9d0e1f2a3b4c5d6e7f8091": "5f0c6a7b",
+		"5f0c6a7b":                         "5f0c6a7b",
+		"5f0c":                             "5f0c",
+		"":                                 "",
+		"日本語のセッションです":                      "日本語のセッショ", // characters, not bytes
+	} {
+		if got := shortID(in); got != want {
+			t.Errorf("shortID(%q) = %q, want %q", in, got, want)
+		}
+	}
+}

@@ -51,20 +51,41 @@ func NewAdmin(rawURL, tokenFile string) (*Admin, error) {
 	return a, nil
 }
 
-// Tunnels returns the server's connected tunnels, sorted by name.
+// Tunnels returns the sessions of the server's connected tunnels (a tunnel
+// may have several), sorted by tunnel name, a tunnel's oldest first.
 func (a *Admin) Tunnels(ctx context.Context) ([]server.Info, error) {
+	var list []server.Info
+	if err := a.endpoint("/api/tunnels").getJSON(ctx, &list); err != nil {
+		return nil, err
+	}
+	slices.SortStableFunc(list, func(x, y server.Info) int {
+		return cmp.Or(cmp.Compare(x.Name, y.Name), x.ConnectedSince.Compare(y.ConnectedSince))
+	})
+	return list, nil
+}
+
+// Fleet returns the registry's view of every replica's tunnels, as the
+// server asked sees it.
+func (a *Admin) Fleet(ctx context.Context) (server.Fleet, error) {
+	e := a.endpoint("/api/fleet")
+	var fleet server.Fleet
+	if err := e.getJSON(ctx, &fleet); err != nil {
+		return server.Fleet{}, err
+	}
+	if fleet.Replica == "" || fleet.Registry.Backend == "" {
+		return server.Fleet{}, e.notOurs("JSON without the replica and its registry")
+	}
+	return fleet, nil
+}
+
+// endpoint is the admin API's endpoint at path.
+func (a *Admin) endpoint(path string) endpoint {
 	base := strings.TrimSuffix(a.url.String(), "/")
-	e := endpoint{
-		url: base + "/api/tunnels", shown: base, what: "tether server admin API", kind: "tether server admin address",
+	return endpoint{
+		url: base + path, shown: base, what: "tether server admin API", kind: "tether server admin address",
 		flag: "--admin", origin: "the server's --admin-addr",
 		token: a.token, tokenFile: a.tokenFile, timeout: a.Timeout, client: a.HTTP,
 	}
-	var list []server.Info
-	if err := e.getJSON(ctx, &list); err != nil {
-		return nil, err
-	}
-	slices.SortStableFunc(list, func(x, y server.Info) int { return cmp.Compare(x.Name, y.Name) })
-	return list, nil
 }
 
 // Filter keeps the tunnels whose names match any of its patterns: names or
@@ -86,39 +107,60 @@ func NewFilter(patterns []string) (Filter, error) {
 // Apply returns the tunnels that match, in list order. The error, a
 // *NoMatchError, names the patterns that matched no tunnel.
 func (f Filter) Apply(list []server.Info) ([]server.Info, error) {
-	if len(f.patterns) == 0 {
-		return list, nil
+	names := make([]string, len(list))
+	for i, t := range list {
+		names[i] = t.Name
 	}
-	used := make([]bool, len(f.patterns))
+	keep, err := f.match(names)
 	var kept []server.Info
-	for _, t := range list {
-		match := false
-		for i, p := range f.patterns {
-			if ok, _ := path.Match(p, t.Name); ok {
-				used[i], match = true, true
-			}
-		}
-		if match {
+	for i, t := range list {
+		if keep[i] {
 			kept = append(kept, t)
 		}
 	}
+	return kept, err
+}
+
+// match reports which names a pattern matches; the error, a *NoMatchError,
+// names the patterns that matched none. A name may appear more than once
+// (a tunnel with several sessions): Connected counts distinct names.
+func (f Filter) match(names []string) ([]bool, error) {
+	keep := make([]bool, len(names))
+	if len(f.patterns) == 0 {
+		for i := range keep {
+			keep[i] = true
+		}
+		return keep, nil
+	}
+	used := make([]bool, len(f.patterns))
+	for i, name := range names {
+		for j, p := range f.patterns {
+			if ok, _ := path.Match(p, name); ok {
+				used[j], keep[i] = true, true
+			}
+		}
+	}
 	var missing []string
-	for i, p := range f.patterns {
-		if !used[i] {
+	for j, p := range f.patterns {
+		if !used[j] {
 			missing = append(missing, p)
 		}
 	}
 	if missing != nil {
-		return kept, &NoMatchError{Patterns: missing, Connected: len(list)}
+		distinct := make(map[string]bool, len(names))
+		for _, name := range names {
+			distinct[name] = true
+		}
+		return keep, &NoMatchError{Patterns: missing, Connected: len(distinct)}
 	}
-	return kept, nil
+	return keep, nil
 }
 
 // NoMatchError says that tunnel names were asked for that no connected
 // tunnel has.
 type NoMatchError struct {
 	Patterns  []string
-	Connected int // how many tunnels the server lists
+	Connected int // how many tunnels the server lists (not sessions)
 }
 
 func (e *NoMatchError) Error() string {

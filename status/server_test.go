@@ -24,24 +24,35 @@ var now = time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
 
 func clock() time.Time { return now }
 
-// tunnels is what the test admin API lists, deliberately not in name order.
+// tunnels is what the test admin API lists, a session per entry,
+// deliberately not in name order, and acme-prod's newer session before its
+// older one.
 var tunnels = []server.Info{
 	{
 		Name: "globex", Account: "globex-inc", Runtime: "staging", ClientAddress: "198.51.100.4:40112",
 		ConnectedSince: now.Add(-(3*time.Hour + 12*time.Minute + 5*time.Second)), ClientVersion: "tether 1.2.0",
-		BytesIn: 1536, BytesOut: 5 << 20, Transport: "wss", Route: "globex",
+		BytesIn: 1536, BytesOut: 5 << 20, Transport: "wss", Route: "globex.3c1f0a9e-0",
 		TokenExpires: now.Add(-5 * time.Minute), Requests: 17,
+		Session: "9b2e4d1c0f3a5b6c7d8e9f0a1b2c3d4e", Replica: "tether-server-1", RunID: "globex.3c1f0a9e-0",
+	},
+	{
+		Name: "acme-prod", Account: "acme", Runtime: "prod", ClientAddress: "203.0.113.7:51299",
+		ConnectedSince: now.Add(-2 * time.Minute), ClientVersion: "tether 1.3.0",
+		BytesIn: 2048, BytesOut: 1024, Transport: "tls", Route: "acme-prod.77c0e1d2-1",
+		TokenExpires: now.Add(29 * 24 * time.Hour), Requests: 12,
+		Session: "e0d1c2b3a4958677685a4b3c2d1e0f99", Replica: "tether-server-1", RunID: "acme-prod.77c0e1d2-1", Retired: true,
 	},
 	{
 		Name: "acme-prod", Account: "acme", Runtime: "prod", ClientAddress: "203.0.113.7:51234",
 		ConnectedSince: now.Add(-50 * time.Hour), ClientVersion: "tether 1.3.0",
-		BytesIn: 3<<30 + 200<<20, BytesOut: 512, Transport: "tls", Route: "acme-prod",
+		BytesIn: 3<<30 + 200<<20, BytesOut: 512, Transport: "tls", Route: "acme-prod.77c0e1d2-0",
 		TokenExpires: now.Add(29 * 24 * time.Hour), Requests: 120345,
+		Session: "5f0c6a7b8c9d0e1f2a3b4c5d6e7f8091", Replica: "tether-server-1", RunID: "acme-prod.77c0e1d2-0",
 	},
 	{
 		Name: "acme-dev", ClientAddress: "203.0.113.8:40000",
 		ConnectedSince: now.Add(-45 * time.Second), ClientVersion: "frp 0.71.0",
-		Transport: "tls",
+		Transport: "tls", Session: "0a1b2c3d4e5f60718293a4b5c6d7e8f9", Replica: "tether-server-1", RunID: "acme-dev.0123456789abcdef",
 	},
 }
 
@@ -106,9 +117,11 @@ func TestTunnelsTable(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A row per session, a tunnel's oldest first.
 	want := `NAME        ACCOUNT      RUNTIME   CLIENT               CONNECTED   VERSION        IN       OUT
 acme-dev    <none>       <none>    203.0.113.8:40000    45s         frp 0.71.0     0B       0B
 acme-prod   acme         prod      203.0.113.7:51234    2d2h        tether 1.3.0   3.2GiB   512B
+acme-prod   acme         prod      203.0.113.7:51299    2m          tether 1.3.0   2.0KiB   1.0KiB
 globex      globex-inc   staging   198.51.100.4:40112   3h12m       tether 1.2.0   1.5KiB   5.0MiB
 `
 	if out != want {
@@ -122,10 +135,12 @@ func TestTunnelsWide(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `NAME        ACCOUNT      RUNTIME   CLIENT               CONNECTED   VERSION        IN       OUT      TRANSPORT   ROUTE       TOKEN-EXPIRES    REQUESTS
-acme-dev    <none>       <none>    203.0.113.8:40000    45s         frp 0.71.0     0B       0B       tls         <none>      <none>           0
-acme-prod   acme         prod      203.0.113.7:51234    2d2h        tether 1.3.0   3.2GiB   512B     tls         acme-prod   29d              120345
-globex      globex-inc   staging   198.51.100.4:40112   3h12m       tether 1.2.0   1.5KiB   5.0MiB   wss         globex      expired 5m ago   17
+	// The session IDs are cut to 8 characters.
+	want := `NAME        ACCOUNT      RUNTIME   CLIENT               CONNECTED   VERSION        IN       OUT      TRANSPORT   ROUTE                  TOKEN-EXPIRES    REQUESTS   SESSION    REPLICA
+acme-dev    <none>       <none>    203.0.113.8:40000    45s         frp 0.71.0     0B       0B       tls         <none>                 <none>           0          0a1b2c3d   tether-server-1
+acme-prod   acme         prod      203.0.113.7:51234    2d2h        tether 1.3.0   3.2GiB   512B     tls         acme-prod.77c0e1d2-0   29d              120345     5f0c6a7b   tether-server-1
+acme-prod   acme         prod      203.0.113.7:51299    2m          tether 1.3.0   2.0KiB   1.0KiB   tls         acme-prod.77c0e1d2-1   29d              12         e0d1c2b3   tether-server-1
+globex      globex-inc   staging   198.51.100.4:40112   3h12m       tether 1.2.0   1.5KiB   5.0MiB   wss         globex.3c1f0a9e-0      expired 5m ago   17         9b2e4d1c   tether-server-1
 `
 	if out != want {
 		t.Errorf("wide:\n%s\nwant:\n%s", out, want)
@@ -147,7 +162,7 @@ func TestTunnelsJSON(t *testing.T) {
 	if dec.More() {
 		t.Errorf("stdout has more than the JSON list:\n%s", out)
 	}
-	want := []server.Info{tunnels[2], tunnels[1]} // acme-dev, acme-prod
+	want := []server.Info{tunnels[3], tunnels[2], tunnels[1]} // acme-dev, acme-prod's older session, its newer one
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("JSON list %+v, want %+v", got, want)
 	}
@@ -175,6 +190,7 @@ func TestTunnelsEscapeClientValues(t *testing.T) {
 	hostile := []server.Info{{
 		Name: "acme", Account: "acme\x1b]0;title\a", Runtime: "prod\tx", ClientAddress: "203.0.113.7:1",
 		ConnectedSince: now.Add(-time.Minute), ClientVersion: hostileVersion, Transport: "tls\r", Route: "acme\n",
+		Session: "\x1b[2J\n\u202eab", Replica: "r-1\x1b]0;x\a\n1   evil",
 	}}
 	url := adminAPI(t, "", hostile, nil)
 	for _, format := range []Format{Table, Wide} {
@@ -190,6 +206,9 @@ func TestTunnelsEscapeClientValues(t *testing.T) {
 		}
 		if want := `1.0\x1b[2J\x1b[31m\nevil-tunnel   owned   0.0.0.0:1\rX\u009b1m\u202e`; !strings.Contains(out, want) {
 			t.Errorf("%q output does not show the version escaped as %s:\n%s", format, want, out)
+		}
+		if want := `\x1b[2J\n\u202eab   r-1\x1b]0;x\a\n1   evil`; format == Wide && !strings.HasSuffix(out, want+"\n") {
+			t.Errorf("wide output does not end with the session and replica escaped as %s:\n%s", want, out)
 		}
 	}
 	out, err := showTunnels(t, url, "", JSON)
@@ -212,11 +231,11 @@ func TestFilter(t *testing.T) {
 		want    []string // names in the table
 		missing string   // in the error, "" for none
 	}{
-		{nil, []string{"acme-dev", "acme-prod", "globex"}, ""},
+		{nil, []string{"acme-dev", "acme-prod", "acme-prod", "globex"}, ""},
 		{[]string{"globex"}, []string{"globex"}, ""},
-		{[]string{"acme-*"}, []string{"acme-dev", "acme-prod"}, ""},
-		{[]string{"*-prod", "glob?x"}, []string{"acme-prod", "globex"}, ""},
-		{[]string{"acme-[dp]*"}, []string{"acme-dev", "acme-prod"}, ""},
+		{[]string{"acme-*"}, []string{"acme-dev", "acme-prod", "acme-prod"}, ""},
+		{[]string{"*-prod", "glob?x"}, []string{"acme-prod", "acme-prod", "globex"}, ""},
+		{[]string{"acme-[dp]*"}, []string{"acme-dev", "acme-prod", "acme-prod"}, ""},
 		{[]string{"acme"}, nil, `"acme"`},
 		{[]string{"globex", "initech-*"}, []string{"globex"}, `"initech-*"`},
 	}
@@ -238,8 +257,8 @@ func TestFilter(t *testing.T) {
 				t.Errorf("error %v, want none", err)
 			case tc.missing != "" && !errors.As(err, &noMatch):
 				t.Errorf("error %v, want a NoMatchError", err)
-			case tc.missing != "" && !contains(err.Error(), "no connected tunnel matches "+tc.missing, "3 connected"):
-				t.Errorf("error %q, want it to name %s and how many tunnels are connected", err, tc.missing)
+			case tc.missing != "" && !contains(err.Error(), "no connected tunnel matches "+tc.missing, "(3 connected)"):
+				t.Errorf("error %q, want it to name %s and how many tunnels (not sessions) are connected", err, tc.missing)
 			}
 		})
 	}

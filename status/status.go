@@ -1,8 +1,10 @@
 // Package status reads what tether reports about its tunnels and prints it
-// for people: a server's connected tunnels from its admin API
-// (GET /api/tunnels), or one client's state from its health address
-// (GET /status). It decodes into the types the server and the client encode,
-// server.Info and client.Snapshot, so each JSON shape has one definition.
+// for people: a server's sessions from its admin API (GET /api/tunnels, a
+// row per session, as a tunnel may have several), every replica's tunnels as
+// that server's registry sees them (GET /api/fleet), or one client's state
+// and its sessions from its health address (GET /status). It decodes into
+// the types the server and the client encode, server.Info, server.Fleet and
+// client.Snapshot, so each JSON shape has one definition.
 //
 // Everything it prints came over the network, and some of it from tunnel
 // clients themselves (the version a client sends at login): control

@@ -59,7 +59,7 @@ func TestDiagnoseInTheClientsEnvironment(t *testing.T) {
 			t.Errorf("bundle has no %s (files: %v)", name, keysOf(files))
 		}
 	}
-	if !strings.Contains(files["logs.txt"], "tunnel ready") {
+	if !strings.Contains(files["logs.txt"], "session ready") {
 		t.Errorf("bundle logs.txt lacks the client's recent log lines:\n%s", files["logs.txt"])
 	}
 	sig := token[strings.LastIndex(token, ".")+1:]

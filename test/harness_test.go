@@ -497,8 +497,26 @@ func (s *server) admin(path string) (response, error) {
 // tunnelInfo is one entry of /api/tunnels.
 type tunnelInfo = tetherserver.Info
 
-// tunnels reads /api/tunnels.
+// tunnels reads /api/tunnels, one entry per tunnel: its oldest session,
+// with the requests and bytes of all its sessions.
 func (s *server) tunnels(t testing.TB) map[string]tunnelInfo {
+	t.Helper()
+	m := make(map[string]tunnelInfo)
+	for _, ti := range s.sessions(t) {
+		if cur, ok := m[ti.Name]; ok {
+			cur.Requests += ti.Requests
+			cur.BytesIn += ti.BytesIn
+			cur.BytesOut += ti.BytesOut
+			m[ti.Name] = cur
+			continue
+		}
+		m[ti.Name] = ti
+	}
+	return m
+}
+
+// sessions reads /api/tunnels: this server's sessions, by tunnel name.
+func (s *server) sessions(t testing.TB) []tunnelInfo {
 	t.Helper()
 	r, err := s.admin("/api/tunnels")
 	if err != nil {
@@ -511,11 +529,7 @@ func (s *server) tunnels(t testing.TB) map[string]tunnelInfo {
 	if err := json.Unmarshal([]byte(r.body), &list); err != nil {
 		t.Fatalf("GET /api/tunnels: %v: %s", err, r.body)
 	}
-	m := make(map[string]tunnelInfo, len(list))
-	for _, ti := range list {
-		m[ti.Name] = ti
-	}
-	return m
+	return list
 }
 
 // metric returns the value of the series name{labels} from /metrics, 0 when
@@ -669,6 +683,15 @@ type clientStatus struct {
 		Prefix   string `json:"prefix"`
 		Upstream string `json:"upstream"`
 	} `json:"routes"`
+	Sessions []sessionStatus `json:"sessions"`
+}
+
+// sessionStatus is one session of a client's /status.
+type sessionStatus struct {
+	Slot    int    `json:"slot"`
+	Replica string `json:"replica"`
+	Session string `json:"session"`
+	State   string `json:"state"`
 }
 
 func (c *client) status() (clientStatus, error) {

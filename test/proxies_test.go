@@ -13,6 +13,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // fakeHost is a name only the test's egress proxies resolve (to 127.0.0.1):
@@ -287,4 +288,33 @@ func (p *socksProxy) handle(c net.Conn) error {
 	p.tunnels.Add(1)
 	splice(c, br, upstream)
 	return nil
+}
+
+// TestStockFRPCsShareATunnel: two stock frpc processes serve one tunnel side
+// by side, each with a proxy name of its own (frp's proxy names are unique
+// on a server): the server puts both routes in the tunnel's load-balancing
+// group, and requests reach both backends.
+func TestStockFRPCsShareATunnel(t *testing.T) {
+	t.Parallel()
+	k := newKeys(t)
+	srv := startServer(t, k, serverOpts{})
+	token := k.issue(t, "gamma", time.Hour)
+	backends := []*backend{newBackend(t, "gamma-1", nil), newBackend(t, "gamma-2", nil)}
+	for i, b := range backends {
+		startFRPC(t, fmt.Sprintf("frpc gamma %d", i+1), frpcConfig(srv, token, fmt.Sprintf(`
+user = "gamma"
+[[proxies]]
+name = "web-%d"
+type = "http"
+subdomain = "gamma"
+localIP = "127.0.0.1"
+localPort = %d
+`, i+1, b.port())))
+	}
+	for _, b := range backends {
+		srv.waitServedBy(t, "gamma", b.name, readyTimeout)
+	}
+	if n := len(srv.sessions(t)); n != 2 {
+		t.Errorf("server lists %d sessions, want the two frpc", n)
+	}
 }

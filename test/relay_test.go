@@ -126,6 +126,13 @@ func (r *relay) freeze() int {
 	return len(r.pairs)
 }
 
+// open returns the number of connections the relay carries.
+func (r *relay) open() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.pairs)
+}
+
 // thaw lets frozen connections forward again.
 func (r *relay) thaw() {
 	r.mu.Lock()

@@ -124,7 +124,7 @@ func TestRouting(t *testing.T) {
 		if a.Account != "acme" || a.Runtime != "prod" {
 			t.Errorf("alpha: account %q runtime %q, want acme, prod", a.Account, a.Runtime)
 		}
-		if a.Transport != "tls" || a.Route != "alpha" || a.ClientVersion == "" ||
+		if a.Transport != "tls" || !strings.HasPrefix(a.Route, "alpha.") || a.ClientVersion == "" ||
 			!strings.HasPrefix(a.ClientAddress, "127.0.0.1:") || a.ConnectedSince.IsZero() || a.TokenExpires.IsZero() {
 			t.Errorf("alpha entry incomplete: %+v", a)
 		}

@@ -84,8 +84,8 @@ func TestEgressProxies(t *testing.T) {
 			if err != nil {
 				return err
 			}
-			if !strings.Contains(st.LastError, "407") || !strings.Contains(st.LastError, "authentication") {
-				return fmt.Errorf("/status last_error = %q, want it to say the proxy wants authentication (407)", st.LastError)
+			if !strings.Contains(st.LastError, "407") || !strings.Contains(st.LastError, "refused the user and password") {
+				return fmt.Errorf("/status last_error = %q, want it to say the proxy refused the user and password (407)", st.LastError)
 			}
 			if strings.Contains(st.LastError, wrong) {
 				t.Errorf("/status last_error shows the proxy password: %q", st.LastError)

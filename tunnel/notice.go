@@ -36,6 +36,9 @@ type Notice struct {
 	Kind    string `json:"kind"`
 	Replica string `json:"replica"`
 	Session string `json:"session"`
+	// Alone, in a hello, says the server is the only replica (its registry
+	// is in memory): a client need not look for another.
+	Alone bool `json:"alone,omitempty"`
 }
 
 // WriteNotice writes n as one notice.

@@ -27,6 +27,7 @@ type ClientOptions struct {
 	HeartbeatTimeout      time.Duration
 	DialTimeout           time.Duration
 	MaxReconnectDelay     time.Duration
+	Connections           int
 }
 
 // NewCmdClient builds `tether client`. runF replaces running the client
@@ -53,6 +54,12 @@ Without --route it serves the default adapters:
 
 A route is PREFIX=URL[;timeout=DURATION][;insecure-skip-verify]. When URL has a
 path (even "/"), the prefix is replaced by it; otherwise the path is kept.
+
+The client keeps --connections sessions to the server (2 by default), each
+with its own reconnect loop: the tunnel is ready (/readyz 200) while one of them
+serves, so requests keep flowing while another reconnects. Behind a load
+balancer the sessions spread over the server's replicas, and when a replica
+drains, its sessions move to another before they close.
 
 The egress proxy comes from --proxy or HTTPS_PROXY/ALL_PROXY (NO_PROXY honoured):
 http://, https:// (CONNECT, user:password@ for basic auth), socks5:// or socks5h://.`,
@@ -94,6 +101,8 @@ func (o *ClientOptions) addFlags(fl *pflag.FlagSet) {
 	fl.DurationVar(&o.HeartbeatTimeout, "heartbeat-timeout", 15*time.Second, "notice a dead connection within this long")
 	fl.DurationVar(&o.DialTimeout, "dial-timeout", 10*time.Second, "bound on one connection attempt (TCP, proxy, TLS)")
 	fl.DurationVar(&o.MaxReconnectDelay, "max-reconnect-delay", 30*time.Second, "cap of the exponential backoff between connection attempts")
+	fl.IntVar(&o.Connections, "connections", client.DefaultConnections,
+		fmt.Sprintf("sessions to the server (1 to %d), each reconnecting on its own; the tunnel is ready while one serves", client.MaxConnections))
 }
 
 // config turns the flags into the client's configuration. Routes that do not
@@ -109,6 +118,11 @@ func (o *ClientOptions) config(f *Factory) (client.Config, error) {
 		}
 		routes = append(routes, r)
 	}
+	// The client checks the range, but takes 0 for its default: given as a
+	// flag, 0 is out of range.
+	if o.Connections == 0 {
+		errs = append(errs, client.ValidConnections(o.Connections))
+	}
 	return client.Config{
 		Server:                o.Server,
 		TokenFile:             o.TokenFile,
@@ -123,6 +137,7 @@ func (o *ClientOptions) config(f *Factory) (client.Config, error) {
 		HeartbeatTimeout:      o.HeartbeatTimeout,
 		DialTimeout:           o.DialTimeout,
 		MaxReconnectDelay:     o.MaxReconnectDelay,
+		Connections:           o.Connections,
 		Getenv:                f.Getenv,
 	}, errors.Join(errs...)
 }

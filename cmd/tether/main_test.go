@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/tunnel/client"
 )
 
 // runTether runs one command line in-process with the given environment.
@@ -86,6 +87,43 @@ func TestClientRoutesFromFileAndEnv(t *testing.T) {
 	}
 	if want := []string{"/=http://a:80", "/x=http://b:80/;timeout=0"}; strings.Join(got.Routes, " ") != strings.Join(want, " ") {
 		t.Errorf("routes %q, want %q", got.Routes, want)
+	}
+}
+
+// --connections defaults to 2, comes from the file and the environment like
+// every flag, and outside 1..16 is an invalid invocation naming the flag.
+func TestClientConnections(t *testing.T) {
+	base := []string{"client", "--server", "t.example.com:7000", "--token-file", "/x"}
+	cfg := writeFile(t, "client.yaml", "connections: 4\n")
+	tests := []struct {
+		name string
+		env  map[string]string
+		args []string
+		want int
+	}{
+		{name: "default", want: 2},
+		{name: "file", args: []string{"--config", cfg}, want: 4},
+		{name: "env over file", env: map[string]string{"TETHER_CONNECTIONS": "8"}, args: []string{"--config", cfg}, want: 8},
+		{name: "flag", env: map[string]string{"TETHER_CONNECTIONS": "8"}, args: []string{"--connections", "1"}, want: 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var got client.Config
+			code, _, stderr := runTether(t, tc.env, runners{client: func(o *ClientOptions) error {
+				var err error
+				got, err = o.config(&Factory{})
+				return err
+			}}, append(base, tc.args...)...)
+			if code != exitOK || got.Connections != tc.want {
+				t.Errorf("exit %d (%s), connections %d; want %d", code, stderr, got.Connections, tc.want)
+			}
+		})
+	}
+	for _, bad := range []string{"0", "17", "-1"} {
+		code, _, stderr := runTether(t, nil, runners{}, append(base, "--connections", bad)...)
+		if want := "--connections " + bad + ": want 1 to 16"; code != exitUsage || !strings.Contains(stderr, want) {
+			t.Errorf("--connections %s: exit %d, stderr %q; want exit %d and %q", bad, code, stderr, exitUsage, want)
+		}
 	}
 }
 

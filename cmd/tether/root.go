@@ -10,6 +10,7 @@ import (
 	"github.com/tether-dev/tether/internal/config"
 	"github.com/tether-dev/tether/internal/logging"
 	"github.com/tether-dev/tether/tunnel"
+	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
 // Factory carries what commands take from the process: streams, the
@@ -90,6 +91,7 @@ Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
 			}
 			f.log = log
 			tunnel.BridgeFRPLog(log)
+			registry.BridgeRedisLog(log)
 			return nil
 		},
 	}

@@ -32,6 +32,14 @@ type ServerOptions struct {
 	HeartbeatTimeout  time.Duration
 	ShutdownTimeout   time.Duration
 	MaxAnonymousPerIP int
+	// Several replicas (see "Running more than one replica" in the README).
+	Registry             string
+	RegistryPasswordFile string
+	ReplicaID            string
+	PeerAddr             string
+	PeerAdvertiseAddr    string
+	PeerSecretFile       string
+	MaxSessionsPerTunnel int
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -46,18 +54,34 @@ func NewCmdServer(f *Factory, runF func(*ServerOptions) error) *cobra.Command {
 Tunnel clients connect to --tunnel-addr (TLS, or wss) and log in with a JWT
 verified against --jwt-public-key. The tunnel named N is served at N.<domain>
 on --http-addr, and only there. --admin-addr serves /healthz, /readyz,
-/metrics and /api/tunnels.
+/metrics, /api/tunnels (this replica's sessions) and /api/fleet (every
+replica's tunnels, from the registry).
 
 Without --tls-cert/--tls-key the tunnel listener uses a self-signed
 certificate and logs its SHA-256 fingerprint (pin it on clients with
---tls-fingerprint). On SIGTERM the server drains: readiness fails, no new
-clients are accepted, in-flight requests get --shutdown-timeout to finish.
+--tls-fingerprint).
+
+A tunnel may have several sessions: several client processes, each with
+--connections sessions; requests are spread over them. Several replicas can
+serve one domain behind an L4 load balancer: they share --registry (Redis),
+and each forwards a request for a tunnel it does not hold to a replica that
+does, over --peer-addr, authenticated with --peer-secret-file.
+
+On SIGTERM the server drains: readiness fails, no new clients are accepted,
+tether clients move to other replicas before their sessions here close, and
+in-flight requests finish, all within --shutdown-timeout; then it exits 0.
 
 A connection must log in promptly, and may send little before it has;
 connections not yet logged in are capped (1024 in all, and
 --max-anonymous-per-ip from one address) and closed before TLS over the cap.`,
 		Example: `  tether server --domain tunnels.example.com --jwt-public-key /etc/tether/jwt.pub.pem \
-    --tls-cert /etc/tether/tls.crt --tls-key /etc/tether/tls.key`,
+    --tls-cert /etc/tether/tls.crt --tls-key /etc/tether/tls.key
+
+  # one of several replicas
+  tether server --domain tunnels.example.com --jwt-public-key /etc/tether/jwt.pub.pem \
+    --registry redis://redis.tether.svc:6379/0 --registry-password-file /etc/tether/redis-password \
+    --replica-id "$POD_NAME" --peer-addr 0.0.0.0:7443 --peer-advertise-addr "$POD_IP:7443" \
+    --peer-secret-file /etc/tether/peer-secret`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if runF != nil {
@@ -69,7 +93,7 @@ connections not yet logged in are capped (1024 in all, and
 	fl := cmd.Flags()
 	fl.StringVar(&opts.TunnelAddr, "tunnel-addr", "0.0.0.0:7000", "address tunnel clients connect to (TLS or wss)")
 	fl.StringVar(&opts.HTTPAddr, "http-addr", "0.0.0.0:8080", "public HTTP entry: requests for <tunnel>.<domain>")
-	fl.StringVar(&opts.AdminAddr, "admin-addr", "127.0.0.1:7700", "admin endpoints: /healthz /readyz /metrics /api/tunnels (a non-loopback address needs --admin-token-file)")
+	fl.StringVar(&opts.AdminAddr, "admin-addr", "127.0.0.1:7700", "admin endpoints: /healthz /readyz /metrics /api/tunnels /api/fleet (a non-loopback address needs --admin-token-file)")
 	fl.StringVar(&opts.Domain, "domain", "", "domain under which tunnel N is served as N.<domain> (required)")
 	fl.StringVar(&opts.PublicURL, "public-url", "", "where the platform reaches tunnels, '*' for the tunnel name, e.g. https://*.tunnels.example.com (default http://*.<domain>:<http port>); tether diagnose tests it")
 	fl.StringVar(&opts.JWTPublicKey, "jwt-public-key", "", "file of trusted token keys: PEM public keys (Ed25519, ES256, RS256) or a JWKS; re-read when it changes")
@@ -81,8 +105,15 @@ connections not yet logged in are capped (1024 in all, and
 	fl.StringVar(&opts.AdminTokenFile, "admin-token-file", "", "file holding the bearer token that /api/ and /metrics require (/healthz and /readyz stay open)")
 	fl.StringSliceVar(&opts.TrustedProxies, "trusted-proxies", nil, "CIDRs (or IPs) of proxies in front of --http-addr whose X-Forwarded-* headers are kept")
 	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 60*time.Second, "drop a client connection that stays silent this long (a client that returns takes its route over at once anyway)")
-	fl.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long in-flight requests may take before tunnels close")
+	fl.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long clients may take to move to other replicas and in-flight requests to finish before tunnels close")
 	fl.IntVar(&opts.MaxAnonymousPerIP, "max-anonymous-per-ip", 64, "tunnel connections not yet logged in allowed from one client address (an IPv6 /64); more are closed before TLS. Raise it when a load balancer in front hides client addresses (externalTrafficPolicy: Cluster)")
+	fl.IntVar(&opts.MaxSessionsPerTunnel, "max-sessions-per-tunnel", 16, "sessions one tunnel may have on this replica (its clients' --connections, summed); more logins are refused")
+	fl.StringVar(&opts.Registry, "registry", "memory", "where replicas share which of them serve which tunnel: memory (one replica), or redis://HOST:PORT[/DB] / rediss://... for several")
+	fl.StringVar(&opts.RegistryPasswordFile, "registry-password-file", "", "file holding the Redis password (instead of putting it in --registry)")
+	fl.StringVar(&opts.ReplicaID, "replica-id", "", "this replica's name among the others, e.g. the pod name (default: the hostname)")
+	fl.StringVar(&opts.PeerAddr, "peer-addr", "", "listener for requests other replicas forward here, e.g. 0.0.0.0:7443 (required with a Redis --registry)")
+	fl.StringVar(&opts.PeerAdvertiseAddr, "peer-advertise-addr", "", "HOST:PORT the other replicas dial to reach --peer-addr, e.g. $(POD_IP):7443 (default --peer-addr; required when that is a wildcard)")
+	fl.StringVar(&opts.PeerSecretFile, "peer-secret-file", "", "file holding the secret all replicas share; a forwarded request without it never reaches a tunnel (required with a Redis --registry)")
 	return cmd
 }
 
@@ -109,6 +140,14 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 		HeartbeatTimeout:  opts.HeartbeatTimeout,
 		ShutdownTimeout:   opts.ShutdownTimeout,
 		MaxAnonymousPerIP: opts.MaxAnonymousPerIP,
+
+		MaxSessionsPerTunnel: opts.MaxSessionsPerTunnel,
+		Registry:             opts.Registry,
+		RegistryPasswordFile: opts.RegistryPasswordFile,
+		ReplicaID:            opts.ReplicaID,
+		PeerAddr:             opts.PeerAddr,
+		PeerAdvertiseAddr:    opts.PeerAdvertiseAddr,
+		PeerSecretFile:       opts.PeerSecretFile,
 	}, verifier, log)
 	if err != nil {
 		return invalid(err)

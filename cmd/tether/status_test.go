@@ -11,13 +11,14 @@ import (
 
 	"github.com/tether-dev/tether/tunnel/client"
 	"github.com/tether-dev/tether/tunnel/server"
+	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
 const adminToken = "admin-token-for-the-status-tests"
 
-// fakeServerAndClient serves a tether server's /api/tunnels (behind
-// adminToken) and a tether client's /status, and returns the admin URL and
-// the health HOST:PORT.
+// fakeServerAndClient serves a tether server's /api/tunnels and /api/fleet
+// (behind adminToken) and a tether client's /status, and returns the admin
+// URL and the health HOST:PORT.
 func fakeServerAndClient(t *testing.T) (adminURL, healthAddr string) {
 	t.Helper()
 	list := []server.Info{{Name: "acme-prod", Account: "acme", Runtime: "prod", ClientAddress: "203.0.113.7:51234",
@@ -29,6 +30,20 @@ func fakeServerAndClient(t *testing.T) (adminURL, healthAddr string) {
 			return
 		}
 		_ = json.NewEncoder(w).Encode(list)
+	})
+	admin.HandleFunc("GET /api/fleet", func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer "+adminToken {
+			http.Error(w, "missing or wrong admin token", http.StatusUnauthorized)
+			return
+		}
+		_ = json.NewEncoder(w).Encode(server.Fleet{
+			Replica:  "replica-a",
+			Registry: registry.Status{Backend: "redis", Target: "redis://redis:6379/0", Up: true, Since: time.Now().Add(-time.Hour)},
+			Tunnels: map[string][]registry.Holder{
+				"acme-prod": {{Replica: "replica-b", Addr: "10.0.0.2:7800", Epoch: 2}, {Replica: "replica-a", Addr: "10.0.0.1:7800", Epoch: 1}},
+				"globex":    {{Replica: "replica-b", Addr: "10.0.0.2:7800", Epoch: 3}},
+			},
+		})
 	})
 	health := http.NewServeMux()
 	health.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
@@ -64,6 +79,17 @@ func TestStatusFlagsAndEnvironment(t *testing.T) {
 		{name: "no such tunnel", args: []string{"--admin", adminURL, "--admin-token-file", tokenFile, "initech"}, code: exitFail, stderr: `no connected tunnel matches "initech"`},
 		{name: "no token", args: []string{"--admin", adminURL}, code: exitFail, stderr: "pass --admin-token-file"},
 		{name: "token file missing", args: []string{"--admin", adminURL, "--admin-token-file", missing}, code: exitUsage, stderr: missing},
+		{name: "fleet by flags", args: []string{"--admin", adminURL, "--admin-token-file", tokenFile, "--fleet"},
+			stdout: "Replica: replica-a   Registry: redis at redis://redis:6379/0, up for "},
+		{name: "fleet sorts each tunnel's replicas", args: []string{"--admin", adminURL, "--admin-token-file", tokenFile, "--fleet", "acme-*"},
+			stdout: "\nacme-prod   replica-a,replica-b\n"},
+		{name: "fleet by environment", env: map[string]string{"TETHER_ADMIN": adminURL, "TETHER_ADMIN_TOKEN_FILE": tokenFile, "TETHER_FLEET": "true"},
+			args: []string{"-o", "wide"}, stdout: "   10.0.0.1:7800,10.0.0.2:7800\n"},
+		{name: "fleet json", args: []string{"--admin", adminURL, "--admin-token-file", tokenFile, "--fleet", "-o", "json"}, stdout: `"replica": "replica-a"`},
+		{name: "fleet of no such tunnel", args: []string{"--admin", adminURL, "--admin-token-file", tokenFile, "--fleet", "initech"},
+			code: exitFail, stderr: `no connected tunnel matches "initech"`},
+		{name: "fleet without --admin", env: map[string]string{"TETHER_HEALTH_ADDR": healthAddr}, args: []string{"--fleet"},
+			code: exitUsage, stderr: "--fleet reads a server's registry: pass --admin URL"},
 		{name: "bad timeout in the environment", env: map[string]string{"TETHER_TIMEOUT": "soon"}, args: []string{"--admin", adminURL}, code: exitUsage, stderr: "TETHER_TIMEOUT"},
 	}
 	for _, tc := range tests {

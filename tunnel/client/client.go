@@ -1,9 +1,9 @@
 // Package client is tether's tunnel client: it runs in the customer's
-// cluster, dials out to the tunnel server, keeps one multiplexed TLS
-// connection up, and connects the server to its routes' upstreams. It runs
-// no HTTP router: the server routes each request, by the routes this client
-// advertised at login (see package proxy), and the client only checks the
-// address it is asked to dial and copies bytes.
+// cluster, dials out to the tunnel server, keeps Config.Connections
+// multiplexed TLS sessions up, and connects the server to its routes'
+// upstreams. It runs no HTTP router: the server routes each request, by the
+// routes this client advertised at login (see package proxy), and the client
+// only checks the address it is asked to dial and copies bytes.
 //
 //	c, err := client.New(client.Config{
 //		Server:    "tunnels.example.com:443",
@@ -21,11 +21,23 @@
 // only when the address is the proxy.Route.DialAddr of one of its own
 // routes (the upstream allow-list), then copies bytes both ways.
 //
+// Each session belongs to a slot (slot.go), which reconnects it on its own;
+// the tunnel is ready while any slot's session is logged in with its route.
+// A slot's identity is fixed for the process: run ID "<instance>-<k>" and
+// route "<tunnel>.<instance>-<k>", with a random instance ID per process. The
+// server also opens streams to send notices (tunnel.Notice): the replica a
+// session landed on, after which a slot that shares its replica with
+// another slot reconnects to reach a different one (a bounded number of
+// times), and that the replica drains, after which the slot opens a
+// replacement session while the old one serves on until the server closes it.
+//
 // It never dials anything but the tunnel server and the routes' upstreams.
 package client
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -80,6 +92,11 @@ type Config struct {
 	// MaxReconnectDelay caps the exponential backoff between connection
 	// attempts. Default 30s.
 	MaxReconnectDelay time.Duration
+	// Connections is how many sessions to the server the client keeps, each
+	// with its own reconnect loop, 1 to MaxConnections. Default 2: requests
+	// keep flowing while one session reconnects, and behind a load balancer
+	// the sessions spread over the server's replicas.
+	Connections int
 	// Getenv reads the environment (egress proxy variables); nil = os.Getenv.
 	Getenv func(string) string
 }
@@ -99,6 +116,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.Getenv == nil {
 		c.Getenv = os.Getenv
+	}
+	if c.Connections == 0 {
+		c.Connections = DefaultConnections
 	}
 	if len(c.Routes) == 0 {
 		c.Routes = proxy.DefaultRoutes()
@@ -134,7 +154,24 @@ func (c *Config) Validate() error {
 	if c.HeartbeatTimeout < 3*time.Second {
 		errs = append(errs, fmt.Errorf("--heartbeat-timeout %v: want at least 3s", c.HeartbeatTimeout))
 	}
+	if err := ValidConnections(c.Connections); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
+}
+
+// DefaultConnections and MaxConnections bound Config.Connections.
+const (
+	DefaultConnections = 2
+	MaxConnections     = 16
+)
+
+// ValidConnections checks a --connections value.
+func ValidConnections(n int) error {
+	if n < 1 || n > MaxConnections {
+		return fmt.Errorf("--connections %d: want 1 to %d sessions to the server (default %d)", n, MaxConnections, DefaultConnections)
+	}
+	return nil
 }
 
 // Client keeps a tunnel connected and serves its requests.
@@ -152,9 +189,16 @@ type Client struct {
 	logs             *recentLogs
 	metrics          *prometheus.Registry
 
+	// instance tells this process's sessions from those of other processes
+	// serving the tunnel: 8 random hex digits, the prefix of its slots' run
+	// IDs.
+	instance string
+	slots    []*slot
+	// dial makes one connection to the server; via names the path taken.
+	dial func(ctx context.Context) (conn net.Conn, via string, err error)
+
 	frpConfig *v1.ClientCommonConfig
 	frpAuth   *frpauth.ClientAuth
-	frpRoute  v1.ProxyConfigurer
 }
 
 // New validates cfg and its routes and reads the token once to learn the
@@ -192,14 +236,25 @@ func New(cfg Config, log *zap.Logger) (*Client, error) {
 		advertisedRoutes: advertise(routes),
 		dialer:           dialer,
 		metrics:          reg,
+		instance:         newInstanceID(),
+		dial:             dialer.dial,
 	}
 	if c.frpConfig, c.frpAuth, err = frpClientConfig(cfg.Server); err != nil {
 		return nil, err
 	}
-	c.frpRoute = frpRouteConfig(name)
-	c.status = newStatus(name, cfg.Server, cfg.Transport, routes)
+	for i := range cfg.Connections {
+		c.slots = append(c.slots, newSlot(c, i))
+	}
+	c.status = newStatus(name, cfg.Server, cfg.Transport, routes, cfg.Connections, time.Now())
 	reg.MustRegister(c.status.collectors()...)
 	return c, nil
+}
+
+// newInstanceID returns 32 random bits as hex.
+func newInstanceID() string {
+	b := make([]byte, 4)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // Tunnel is the name of the tunnel this client serves (the token's sub).
@@ -236,9 +291,12 @@ func (c *Client) Serve(ctx context.Context, health net.Listener) error {
 			return healthSrv.Close()
 		})
 	}
-	g.Go(func() error { c.keepConnected(gctx); return nil })
+	for _, s := range c.slots {
+		g.Go(func() error { s.run(gctx); return nil })
+	}
 	c.log.Info("tether client started", zap.String("server", c.cfg.Server), zap.String("transport", c.cfg.Transport),
-		zap.String("health_addr", addrString(health)), zap.Strings("routes", routeStrings(c.routes)))
+		zap.String("health_addr", addrString(health)), zap.Strings("routes", routeStrings(c.routes)),
+		zap.Int("connections", len(c.slots)), zap.String("instance", c.instance))
 	err := g.Wait()
 	c.log.Info("tether client stopped")
 	return err

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -133,5 +135,111 @@ func TestClientServesThroughServer(t *testing.T) {
 		if resp.StatusCode != http.StatusOK || string(body) != "backend saw "+path {
 			t.Errorf("GET %s through the tunnel: %s %q (%s: %s)", path, resp.Status, body, proxy.ErrorHeader, resp.Header.Get(proxy.ErrorHeader))
 		}
+	}
+}
+
+// Two slots serve one tunnel through a real server, each as itself: both
+// sessions become ready, requests succeed, and when one slot's connection
+// dies the tunnel stays ready while that slot reconnects.
+func TestSlotsServeThroughServer(t *testing.T) {
+	srv := startServer(t)
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = fmt.Fprintf(w, "backend saw %s", r.URL.Path)
+	}), ReadHeaderTimeout: time.Second}
+	bln := listen(t)
+	go func() { _ = backend.Serve(bln) }()
+	t.Cleanup(func() { _ = backend.Close() })
+
+	c, err := New(Config{
+		Server: srv.tunnel, TokenFile: srv.tokenFile(t, "acme"), Proxy: "direct", Connections: 2,
+		TLSFingerprint: srv.Fingerprint(), Routes: []proxy.Route{mustRoute(t, "/=http://"+bln.Addr().String())},
+	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns []*closeRecorder
+	dial := c.dial
+	c.dial = func(ctx context.Context) (net.Conn, string, error) {
+		conn, via, err := dial(ctx)
+		if err != nil {
+			return conn, via, err
+		}
+		rc := &closeRecorder{Conn: conn}
+		mu.Lock()
+		conns = append(conns, rc)
+		mu.Unlock()
+		return rc, via, nil
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Serve(ctx, nil) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	}()
+	bothReady := func() error {
+		snap := c.status.snapshot()
+		if got := sessionsOf(c); len(got) != 2 || snap.Sessions[0].State != StateReady || snap.Sessions[1].State != StateReady {
+			return fmt.Errorf("sessions %q, want both slots ready", got)
+		}
+		return nil
+	}
+	testutil.WaitFor(t, 10*time.Second, bothReady)
+	getThrough(t, srv.entry, "/a")
+
+	// A live session's connection: the second slot may have closed some of
+	// its own on the way, leaving the replica the first slot holds.
+	mu.Lock()
+	var killed net.Conn
+	for _, rc := range conns {
+		if !rc.closed.Load() {
+			killed = rc.Conn
+			break
+		}
+	}
+	mu.Unlock()
+	_ = killed.Close()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if ok, reason := c.status.readiness(); !ok {
+			t.Fatalf("not ready while one slot reconnects: %s", reason)
+		}
+		if r := c.status.snapshot().Reconnects; r != 1 {
+			return fmt.Errorf("reconnects %d, want 1", r)
+		}
+		return bothReady()
+	})
+	getThrough(t, srv.entry, "/b/c")
+}
+
+// closeRecorder is a connection that records whether the client closed it.
+type closeRecorder struct {
+	net.Conn
+	closed atomic.Bool
+}
+
+func (c *closeRecorder) Close() error {
+	c.closed.Store(true)
+	return c.Conn.Close()
+}
+
+// getThrough asks the server's public entry for path on tunnel acme and checks the
+// backend answered.
+func getThrough(t *testing.T, entry, path string) {
+	t.Helper()
+	hc := &http.Client{Timeout: 5 * time.Second}
+	defer hc.CloseIdleConnections()
+	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+entry+path, nil)
+	req.Host = "acme.localhost"
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	_ = resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || string(body) != "backend saw "+path {
+		t.Errorf("GET %s through the tunnel: %s %q (%s: %s)", path, resp.Status, body, proxy.ErrorHeader, resp.Header.Get(proxy.ErrorHeader))
 	}
 }

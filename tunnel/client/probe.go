@@ -85,7 +85,7 @@ func (p *Prober) Login(ctx context.Context, token string) (*tunnel.ProbeReply, e
 	stop := context.AfterFunc(ctx, func() { _ = mux.Close() })
 	defer stop()
 
-	stream, err := sendLogin(mux, p.frpAuth, probeRunID(), map[string]string{
+	stream, _, err := sendLogin(mux, p.frpAuth, probeRunID(), map[string]string{
 		auth.TokenMetaKey:   token,
 		tunnel.ProbeMetaKey: "1",
 	})

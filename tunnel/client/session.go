@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"net"
 	"os"
 	"runtime"
@@ -29,94 +28,73 @@ import (
 // loginTimeout bounds the wait for the server's answer to a login.
 const loginTimeout = 10 * time.Second
 
-// keepConnected runs sessions until ctx ends. After a session that logged in,
-// the next attempt comes at once (jittered by up to 200ms, so that the
-// clients of a restarted server do not return in lockstep); after each
-// failure the delay doubles up to MaxReconnectDelay.
-func (c *Client) keepConnected(ctx context.Context) {
-	const minDelay = 200 * time.Millisecond
-	delay := minDelay
-	for {
-		loggedIn := c.runSession(ctx)
-		if ctx.Err() != nil {
-			return
-		}
-		if loggedIn {
-			delay = minDelay
-		}
-		wait := delay/2 + rand.N(delay/2+1) //nolint:gosec // jitter, not a secret
-		c.log.Debug("next connection attempt", zap.Duration("in", wait))
-		t := time.NewTimer(wait)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return
-		case <-t.C:
-		}
-		delay = min(2*delay, c.cfg.MaxReconnectDelay)
-	}
-}
-
-// runSession makes one connection, logs in, and serves until the session
-// ends. It reports whether the login succeeded.
-func (c *Client) runSession(ctx context.Context) (loggedIn bool) {
-	conn, via, err := c.dialer.dial(ctx)
-	if err != nil {
-		if ctx.Err() == nil {
-			c.status.onFailed(err)
-			c.log.Warn("connect to tunnel server failed; retrying", zap.Error(err))
-		}
-		return false
-	}
-	mux, err := yamux.Client(tunnel.CoalesceFrames(conn), tunnel.MuxConfig(c.cfg.HeartbeatTimeout, c.log))
-	if err != nil {
-		_ = conn.Close()
-		c.status.onFailed(err)
-		return false
-	}
-	c.status.onConnected(via)
+// serve runs one session of the slot on mux: it answers the streams the
+// server opens, logs in, registers the slot's route and serves until the
+// session or ctx ends.
+func (s *slot) serve(ctx context.Context, mux *yamux.Session, ss *sessionState) outcome {
 	start := time.Now()
 	var streams sync.WaitGroup
-	streams.Go(func() { c.serveStreams(mux) })
-	defer func() {
-		_ = mux.Close()
-		streams.Wait()
-		c.status.onDisconnected()
-	}()
-
-	control, err := c.login(mux)
-	if err != nil {
-		c.status.onFailed(err)
-		c.log.Warn("login failed; retrying", zap.String("via", via), zap.Error(err))
-		return false
+	streams.Go(func() { s.serveStreams(mux, ss) })
+	s.control(ctx, mux, ss)
+	_ = mux.Close()
+	streams.Wait()
+	loggedIn, moved, redial := s.c.status.onEnded(ss)
+	switch {
+	case ctx.Err() != nil, redial:
+	case moved:
+		s.log.Info("session that moved away ended", zap.String("replica", ss.replica),
+			zap.Duration("connected_for", time.Since(start)))
+	case loggedIn:
+		s.log.Warn("disconnected from tunnel server; reconnecting",
+			zap.Duration("connected_for", time.Since(start)), zap.String("reason", describeEnd(mux)))
 	}
-	c.status.onLoggedIn()
-	c.log.Info("logged in to tunnel server", zap.String("server", c.cfg.Server), zap.String("via", via))
+	return outcome{loggedIn: loggedIn, moved: moved, redial: redial}
+}
+
+// control logs in on mux and runs frp's client control, which registers
+// the slot's route, until the session or ctx ends.
+func (s *slot) control(ctx context.Context, mux *yamux.Session, ss *sessionState) {
+	c := s.c
+	control, runID, err := s.login(mux)
+	if err != nil {
+		// A session closed to land on another replica may fail its login
+		// on the way out: that is no failure of the slot.
+		if !c.status.leaving(ss) {
+			c.status.onFailed(s.index, ss, err)
+			s.log.Warn("login failed; retrying", zap.String("via", ss.via), zap.Error(err))
+		}
+		return
+	}
+	c.status.onLoggedIn(ss)
+	s.log.Info("logged in to tunnel server", zap.String("server", c.cfg.Server), zap.String("via", ss.via))
 
 	ctl, err := frpclient.NewControl(ctx, &frpclient.SessionContext{
-		Common:    c.frpConfig,
-		RunID:     c.tunnel,
-		Conn:      msg.NewConn(control.stream, &routeWatch{ReadWriter: control.rw, onRoute: c.routeAnswered}),
+		Common: c.frpConfig,
+		RunID:  runID,
+		Conn: msg.NewConn(control.stream, &routeWatch{ReadWriter: control.rw, onRoute: func(name, errMsg string) {
+			s.routeAnswered(ss, name, errMsg)
+		}}),
 		Auth:      c.frpAuth,
 		Connector: streamConnector{mux: mux},
 	})
 	if err != nil {
-		c.status.onFailed(err)
-		return true
+		c.status.onFailed(s.index, ss, err)
+		return
 	}
 	ctl.SetInWorkConnCallback(c.handleWorkConn)
-	ctl.Run([]v1.ProxyConfigurer{c.frpRoute.Clone()}, nil)
+	ctl.Run([]v1.ProxyConfigurer{s.route.Clone()}, nil)
 	select {
 	case <-ctl.Done():
 	case <-ctx.Done():
-		_ = ctl.Close()
-		<-ctl.Done()
 	}
-	if ctx.Err() == nil {
-		c.log.Warn("disconnected from tunnel server; reconnecting",
-			zap.Duration("connected_for", time.Since(start)), zap.String("reason", describeEnd(mux)))
-	}
-	return true
+	// Close even after the control ended by itself: frp v0.71.0's Run
+	// starts the control's worker before it adds the route's proxy, and a
+	// session that ends at once (a slot leaving a replica another slot
+	// holds) can end the worker, which stops the proxies it knows, before
+	// the proxy is added. That proxy's status loop would then run for the
+	// life of the process; Close stops it (client/control.go Run, worker).
+	_ = ctl.Close()
+	<-ctl.Done()
 }
 
 // controlStream is a logged-in control stream: frp's control channel is
@@ -126,42 +104,45 @@ type controlStream struct {
 	rw     msg.ReadWriter
 }
 
-// login sends frp's Login with the token read from the token file now, so
-// a rotated token takes effect at the next login, and reads the answer.
-func (c *Client) login(mux *yamux.Session) (*controlStream, error) {
+// login sends frp's Login as the slot, with the token read from the token
+// file now, so a rotated token takes effect at the next login, and reads the
+// answer. runID is the run ID the server gave the session.
+func (s *slot) login(mux *yamux.Session) (_ *controlStream, runID string, _ error) {
+	c := s.c
 	token, err := readToken(c.cfg.TokenFile)
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	// The route registered below is named after the tunnel this process
 	// started with; a token for another tunnel cannot serve it.
 	if name, err := tunnelOf(token); err != nil {
-		return nil, fmt.Errorf("--token-file %s: %w", c.cfg.TokenFile, err)
+		return nil, "", fmt.Errorf("--token-file %s: %w", c.cfg.TokenFile, err)
 	} else if name != c.tunnel {
-		return nil, fmt.Errorf("--token-file %s now holds a token for tunnel %q, but this client serves tunnel %q: restart the client to switch tunnels", c.cfg.TokenFile, name, c.tunnel)
+		return nil, "", fmt.Errorf("--token-file %s now holds a token for tunnel %q, but this client serves tunnel %q: restart the client to switch tunnels", c.cfg.TokenFile, name, c.tunnel)
 	}
-	stream, err := sendLogin(mux, c.frpAuth, c.tunnel, map[string]string{
+	stream, runID, err := sendLogin(mux, c.frpAuth, s.runID, map[string]string{
 		auth.TokenMetaKey:    token,
 		tunnel.RoutesMetaKey: c.advertisedRoutes,
 	})
 	if err != nil {
-		return nil, err
+		return nil, "", err
 	}
 	rw, err := netpkg.NewCryptoReadWriter(stream, c.frpAuth.EncryptionKey())
 	if err != nil {
 		_ = stream.Close()
-		return nil, fmt.Errorf("encrypt control channel: %w", err)
+		return nil, "", fmt.Errorf("encrypt control channel: %w", err)
 	}
-	return &controlStream{stream: stream, rw: msg.NewV1ReadWriter(rw)}, nil
+	return &controlStream{stream: stream, rw: msg.NewV1ReadWriter(rw)}, runID, nil
 }
 
-// sendLogin opens the control stream, sends frp's Login with metas (and the
-// client's version) and reads the answer. It returns the stream once the
-// server has accepted the login.
-func sendLogin(mux *yamux.Session, frpAuth *frpauth.ClientAuth, runID string, metas map[string]string) (net.Conn, error) {
+// sendLogin opens the control stream, sends frp's Login with runID and
+// metas (and the client's version) and reads the answer. It returns the
+// stream once the server has accepted the login, and the run ID the server
+// gave the session (runID when it names none).
+func sendLogin(mux *yamux.Session, frpAuth *frpauth.ClientAuth, runID string, metas map[string]string) (net.Conn, string, error) {
 	stream, err := mux.OpenStream()
 	if err != nil {
-		return nil, fmt.Errorf("open control stream: %w", err)
+		return nil, "", fmt.Errorf("open control stream: %w", err)
 	}
 	hostname, _ := os.Hostname()
 	metas[tunnel.ClientMetaKey] = version.String()
@@ -176,24 +157,29 @@ func sendLogin(mux *yamux.Session, frpAuth *frpauth.ClientAuth, runID string, me
 	}
 	if err := frpAuth.Setter.SetLogin(login); err != nil {
 		_ = stream.Close()
-		return nil, fmt.Errorf("sign login: %w", err)
+		return nil, "", fmt.Errorf("sign login: %w", err)
 	}
 	_ = stream.SetDeadline(time.Now().Add(loginTimeout))
 	if err := msg.WriteMsg(stream, login); err != nil {
 		_ = stream.Close()
-		return nil, fmt.Errorf("send login: %w", err)
+		return nil, "", fmt.Errorf("send login: %w", err)
 	}
 	var resp msg.LoginResp
 	if err := msg.ReadMsgInto(stream, &resp); err != nil {
 		_ = stream.Close()
-		return nil, fmt.Errorf("read login answer: %w", err)
+		return nil, "", fmt.Errorf("read login answer: %w", err)
 	}
 	_ = stream.SetDeadline(time.Time{})
 	if resp.Error != "" {
 		_ = stream.Close()
-		return nil, &RejectedError{Reason: resp.Error}
+		return nil, "", &RejectedError{Reason: resp.Error}
 	}
-	return stream, nil
+	if resp.RunID != "" {
+		// The server scopes the run ID to the tunnel; frp's work
+		// connections name the run ID the server knows.
+		runID = resp.RunID
+	}
+	return stream, runID, nil
 }
 
 // RejectedError is the server's refusal of a login, in its own words.
@@ -201,15 +187,16 @@ type RejectedError struct{ Reason string }
 
 func (e *RejectedError) Error() string { return "login rejected by the server: " + e.Reason }
 
-// routeAnswered records the server's answer to the route registration.
-func (c *Client) routeAnswered(name, errMsg string) {
+// routeAnswered records the server's answer to the registration of the
+// route of session ss.
+func (s *slot) routeAnswered(ss *sessionState, name, errMsg string) {
 	if errMsg != "" {
-		c.status.onRoute(errors.New(errMsg))
-		c.log.Warn("tunnel route rejected by the server; it retries by itself", zap.String("route", name), zap.String("reason", errMsg))
+		s.c.status.onRoute(ss, errors.New(errMsg))
+		s.log.Warn("tunnel route rejected by the server; it retries by itself", zap.String("route", name), zap.String("reason", errMsg))
 		return
 	}
-	c.status.onRoute(nil)
-	c.log.Info("tunnel ready: requests for this tunnel are served", zap.String("route", name))
+	s.c.status.onRoute(ss, nil)
+	s.log.Info("session ready: it serves requests for this tunnel", zap.String("route", name))
 }
 
 // routeWatch passes the control channel's messages to frp and reports the
@@ -240,20 +227,6 @@ func (s streamConnector) Connect() (*msg.Conn, error) {
 }
 
 func (s streamConnector) Close() error { return s.mux.Close() }
-
-// serveStreams answers the dial requests the server makes on streams it
-// opens, until the session ends, and waits for their connections to end.
-func (c *Client) serveStreams(mux *yamux.Session) {
-	var conns sync.WaitGroup
-	defer conns.Wait()
-	for {
-		stream, err := mux.AcceptStream()
-		if err != nil {
-			return
-		}
-		conns.Go(func() { c.upstreams.serve(stream, c.log) })
-	}
-}
 
 // handleWorkConn refuses frp work connections: a tether client's requests
 // come through the dial protocol, never through frp's vhost.
@@ -298,12 +271,13 @@ func frpClientConfig(server string) (*v1.ClientCommonConfig, *frpauth.ClientAuth
 	return common, frpAuth, nil
 }
 
-// frpRouteConfig is the tunnel's one route: an http proxy whose subdomain
-// (and name) is the tunnel's name.
-func frpRouteConfig(name string) v1.ProxyConfigurer {
+// frpRouteConfig is a slot's route: an http proxy at the tunnel's
+// subdomain, named "<tunnel>.<runID>" so that the routes of a tunnel's
+// sessions are told apart.
+func frpRouteConfig(tunnel, runID string) v1.ProxyConfigurer {
 	route := &v1.HTTPProxyConfig{
-		ProxyBaseConfig: v1.ProxyBaseConfig{Name: name, Type: "http"},
-		DomainConfig:    v1.DomainConfig{SubDomain: name},
+		ProxyBaseConfig: v1.ProxyBaseConfig{Name: tunnel + "." + runID, Type: "http"},
+		DomainConfig:    v1.DomainConfig{SubDomain: tunnel},
 	}
 	route.Complete()
 	return route

@@ -2,8 +2,10 @@ package client
 
 import (
 	"encoding/json"
+	"fmt"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -13,89 +15,318 @@ import (
 	"github.com/tether-dev/tether/proxy"
 )
 
-// status is what the client knows about its tunnel, for readiness, the
-// /status endpoint, metrics and logs.
+// Session states, as /status and the tether_client_sessions metric name them.
+const (
+	// StateConnecting is a slot without a session of its own: dialling,
+	// logging in, or waiting before its next attempt.
+	StateConnecting = "connecting"
+	// StateLoggedIn is a session whose login the server accepted, its route
+	// not (yet) registered.
+	StateLoggedIn = "logged in"
+	// StateReady is a session that serves the tunnel.
+	StateReady = "ready"
+	// StateMoving is a session whose server replica drains: it serves until
+	// the server closes it, while its slot's replacement comes up.
+	StateMoving = "moving"
+)
+
+var sessionStates = []string{StateConnecting, StateLoggedIn, StateReady, StateMoving}
+
+// status is what the client knows about its slots and their sessions, for
+// readiness, the /status endpoint, metrics and the slots' decisions (which
+// replicas the other slots hold). One lock guards it all, so that a slot
+// checks and records where its session landed in one step.
 type status struct {
 	tunnel, server, transport string
 	routes                    []proxy.Route
 
 	mu            sync.Mutex
-	connected     bool
-	connectedAt   time.Time
-	via           string
-	loggedIn      bool
-	loggedInAt    time.Time
-	routeUp       bool
-	routeError    string
-	lastError     string
-	lastErrorAt   time.Time
-	connections   int // successful connections; reconnects = connections-1
+	slots         []*slotState
+	connections   int // successful connections, every slot
 	failures      int
 	loginRejected int
 }
 
-func newStatus(tunnel, server, transport string, routes []proxy.Route) *status {
-	return &status{tunnel: tunnel, server: server, transport: transport, routes: routes}
+// slotState is one slot: its live sessions (at most two: one moving away
+// and its replacement) and what it last failed with.
+type slotState struct {
+	index       int
+	sessions    []*sessionState // oldest first
+	idleSince   time.Time       // since when it has had no current session
+	lastError   string
+	lastErrorAt time.Time
+	// redials counts the sessions closed in a row because they landed on a
+	// replica another slot holds.
+	redials int
+	// left is the replica the slot's last session left because another
+	// slot held it, until a session lands elsewhere.
+	left string
+	// reconnects counts the sessions after the first, not counting those
+	// that replaced a session closed for landing on a held replica.
+	reconnects int
+	connected  bool // a session has been connected before
+	lastRedial bool // the last session to end was closed for a held replica
 }
 
-func (s *status) onConnected(via string) {
+// sessionState is one connection of a slot to the server.
+type sessionState struct {
+	slot        *slotState
+	via         string
+	connectedAt time.Time
+	since       time.Time // when it entered its current state
+	loggedIn    bool
+	loggedInAt  time.Time
+	routeUp     bool
+	routeError  string
+	replica     string // from the server's hello
+	id          string // the server's session ID, from its hello
+	moving      bool   // told to move
+	movePending bool   // told to move while an earlier session of the slot still moves
+	moveNow     chan struct{}
+	redial      bool // closed by the client to land on another replica
+	ended       bool
+}
+
+func newStatus(tunnel, server, transport string, routes []proxy.Route, slots int, now time.Time) *status {
+	s := &status{tunnel: tunnel, server: server, transport: transport, routes: routes}
+	for i := range slots {
+		s.slots = append(s.slots, &slotState{index: i, idleSince: now})
+	}
+	return s
+}
+
+// onConnected records a new session of slot sl, connected via via.
+func (s *status) onConnected(sl int, via string) *sessionState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.connected, s.connectedAt, s.via = true, time.Now(), via
+	st := s.slots[sl]
+	now := time.Now()
+	ss := &sessionState{slot: st, via: via, connectedAt: now, since: now, moveNow: make(chan struct{})}
+	st.sessions = append(st.sessions, ss)
+	if st.connected && !st.lastRedial {
+		st.reconnects++
+	}
+	st.connected, st.lastRedial = true, false
 	s.connections++
+	return ss
 }
 
-// disconnected records a lost session; it reports whether one was up.
-func (s *status) onDisconnected() bool {
+// onEnded forgets an ended session. It reports whether the session had
+// logged in, whether it was told to move and whether the client closed it
+// to land on another replica.
+func (s *status) onEnded(ss *sessionState) (loggedIn, moved, redial bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	was := s.connected
-	s.connected, s.loggedIn, s.routeUp, s.routeError = false, false, false, ""
-	return was
+	st := ss.slot
+	ss.ended = true
+	for i, o := range st.sessions {
+		if o == ss {
+			st.sessions = append(st.sessions[:i], st.sessions[i+1:]...)
+			break
+		}
+	}
+	if ss.moving {
+		// The slot's later session may have been told to move meanwhile:
+		// its replacement starts now.
+		for _, o := range st.sessions {
+			if o.movePending {
+				o.movePending = false
+				close(o.moveNow)
+			}
+		}
+	} else {
+		st.idleSince = time.Now()
+		st.lastRedial = ss.redial
+	}
+	return ss.loggedIn, ss.moving, ss.redial
 }
 
-func (s *status) onLoggedIn() {
+func (s *status) onLoggedIn(ss *sessionState) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.loggedIn, s.loggedInAt = true, time.Now()
-	s.lastError = ""
+	ss.loggedIn, ss.loggedInAt = true, time.Now()
+	if !ss.moving {
+		ss.since = ss.loggedInAt
+	}
+	ss.slot.lastError = ""
 }
 
-// onRoute records the server's answer to the route registration.
-func (s *status) onRoute(err error) {
+// onRoute records the server's answer to the session's route registration.
+func (s *status) onRoute(ss *sessionState, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.routeUp, s.routeError = err == nil, ""
+	up := err == nil
+	if up != ss.routeUp && !ss.moving {
+		ss.since = time.Now()
+	}
+	ss.routeUp, ss.routeError = up, ""
 	if err != nil {
-		s.routeError = err.Error()
+		ss.routeError = err.Error()
 	}
 }
 
-func (s *status) onFailed(err error) {
+// onFailed records a failed attempt of slot sl: before a session was
+// connected (ss nil), or on session ss.
+func (s *status) onFailed(sl int, ss *sessionState, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.lastError, s.lastErrorAt = err.Error(), time.Now()
-	if s.connected {
+	st := s.slots[sl]
+	st.lastError, st.lastErrorAt = err.Error(), time.Now()
+	if ss != nil {
 		s.loginRejected++
 	} else {
 		s.failures++
 	}
 }
 
-// readiness is true while the tunnel is logged in and its route registered;
-// otherwise reason says what is missing.
+// leaving reports whether the client closed ss to land on another replica.
+func (s *status) leaving(ss *sessionState) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return ss.redial
+}
+
+// onHello records the replica and server session ID of ss. It reports
+// whether the session should leave for another replica: another slot's
+// session is on the same replica and the slot has left fewer than
+// maxRedials times in a row. holder is that other slot (-1 for none); left
+// is the replica the slot's previous sessions left, when this one stays.
+func (s *status) onHello(ss *sessionState, replica, id string, maxRedials int) (leave bool, holder int, left string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ss.replica, ss.id = replica, id
+	st := ss.slot
+	holder = -1
+	for _, o := range s.slots {
+		if o == st || replica == "" {
+			continue
+		}
+		for _, os := range o.sessions {
+			// A session moving away or leaving is no lasting duplicate.
+			if os.replica == replica && !os.moving && !os.redial {
+				holder = o.index
+			}
+		}
+	}
+	if holder >= 0 && st.redials < maxRedials && !ss.moving {
+		st.redials++
+		st.left = replica
+		ss.redial = true
+		return true, holder, ""
+	}
+	if holder < 0 {
+		st.redials = 0
+	}
+	left, st.left = st.left, ""
+	return false, holder, left
+}
+
+// onMove records that the server wants ss to move. now reports whether
+// the slot should start the replacement now; it starts later (ss.moveNow is
+// closed then) when an earlier session of the slot is still moving away, so
+// that a slot never holds more than two sessions. It reports first false
+// when ss was already told to move.
+func (s *status) onMove(ss *sessionState) (first, now bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if ss.moving || ss.ended {
+		return false, false
+	}
+	st := ss.slot
+	ss.moving, ss.since = true, time.Now()
+	st.idleSince = ss.since
+	for _, o := range st.sessions {
+		if o != ss && o.moving {
+			ss.movePending = true
+			return true, false
+		}
+	}
+	close(ss.moveNow)
+	return true, true
+}
+
+// ready reports whether ss serves the tunnel.
+func (ss *sessionState) ready() bool { return ss.loggedIn && ss.routeUp }
+
+func (ss *sessionState) state() string {
+	switch {
+	case ss.moving:
+		return StateMoving
+	case ss.ready():
+		return StateReady
+	case ss.loggedIn:
+		return StateLoggedIn
+	}
+	return StateConnecting
+}
+
+// current is the slot's session that is not moving away, or nil.
+func (st *slotState) current() *sessionState {
+	for _, ss := range st.sessions {
+		if !ss.moving {
+			return ss
+		}
+	}
+	return nil
+}
+
+// readiness is true while a session of any slot is logged in with its
+// route registered; otherwise reason says what each slot is missing.
 func (s *status) readiness() (ready bool, reason string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	switch {
-	case !s.connected:
-		return false, withCause("not connected to the tunnel server", s.lastError)
-	case !s.loggedIn:
-		return false, withCause("connected, not logged in", s.lastError)
-	case !s.routeUp:
-		return false, withCause("logged in, route not registered", s.routeError)
+	return s.readinessLocked()
+}
+
+func (s *status) readinessLocked() (ready bool, reason string) {
+	for _, st := range s.slots {
+		for _, ss := range st.sessions {
+			if ss.ready() {
+				return true, "ready"
+			}
+		}
 	}
-	return true, "ready"
+	if len(s.slots) == 1 {
+		return false, s.slots[0].missing()
+	}
+	// Slots that miss the same thing are named together: two slots refused
+	// by one server read as one line.
+	var order []string
+	bySlots := map[string][]string{}
+	for _, st := range s.slots {
+		m := st.missing()
+		if _, ok := bySlots[m]; !ok {
+			order = append(order, m)
+		}
+		bySlots[m] = append(bySlots[m], fmt.Sprint(st.index))
+	}
+	parts := make([]string, len(order))
+	for i, m := range order {
+		if n := bySlots[m]; len(n) == 1 {
+			parts[i] = "slot " + n[0] + ": " + m
+		} else {
+			parts[i] = "slots " + strings.Join(n, ", ") + ": " + m
+		}
+	}
+	return false, strings.Join(parts, "; ")
+}
+
+// missing says what keeps a slot from serving, with its cause.
+func (st *slotState) missing() string {
+	var connected, loggedIn *sessionState
+	for _, ss := range st.sessions {
+		if ss.loggedIn {
+			loggedIn = ss
+		}
+		connected = ss
+	}
+	switch {
+	case loggedIn != nil:
+		return withCause("logged in, route not registered", loggedIn.routeError)
+	case connected != nil:
+		return withCause("connected, not logged in", st.lastError)
+	}
+	return withCause("not connected to the tunnel server", st.lastError)
 }
 
 func withCause(what, cause string) string {
@@ -105,21 +336,35 @@ func withCause(what, cause string) string {
 	return what + ": " + cause
 }
 
-// Snapshot is the client's state as /status reports it.
+// Snapshot is the client's state as /status reports it. The top-level
+// fields describe the tunnel as a whole, over all its sessions.
 type Snapshot struct {
-	Tunnel         string       `json:"tunnel"`
-	Server         string       `json:"server"`
-	Transport      string       `json:"transport"`
-	Via            string       `json:"via,omitempty"`
-	Ready          bool         `json:"ready"`
-	State          string       `json:"state"`
-	Connected      bool         `json:"connected"`
-	ConnectedSince *time.Time   `json:"connected_since,omitempty"`
-	LoggedInSince  *time.Time   `json:"logged_in_since,omitempty"`
-	LastError      string       `json:"last_error,omitempty"`
-	LastErrorAt    *time.Time   `json:"last_error_at,omitempty"`
-	Reconnects     int          `json:"reconnects"`
-	Routes         []RouteState `json:"routes"`
+	Tunnel    string `json:"tunnel"`
+	Server    string `json:"server"`
+	Transport string `json:"transport"`
+	// Via is the path of the oldest live session.
+	Via   string `json:"via,omitempty"`
+	Ready bool   `json:"ready"`
+	// State is "ready", or what each slot is missing.
+	State string `json:"state"`
+	// Connected is true while any session is connected.
+	Connected bool `json:"connected"`
+	// ConnectedSince and LoggedInSince are those of the oldest live session.
+	ConnectedSince *time.Time `json:"connected_since,omitempty"`
+	LoggedInSince  *time.Time `json:"logged_in_since,omitempty"`
+	// LastError is the newest error of any slot; a slot forgets its error
+	// when it logs in.
+	LastError   string     `json:"last_error,omitempty"`
+	LastErrorAt *time.Time `json:"last_error_at,omitempty"`
+	// Reconnects sums the slots' reconnections.
+	Reconnects int          `json:"reconnects"`
+	Routes     []RouteState `json:"routes"`
+	// Connections is the number of slots (--connections); 0 from a client
+	// older than sessions.
+	Connections int `json:"connections,omitempty"`
+	// Sessions lists each slot's live sessions, and a "connecting" entry for
+	// a slot without a current one.
+	Sessions []SessionState `json:"sessions,omitempty"`
 }
 
 // RouteState is one configured route as /status reports it.
@@ -129,28 +374,77 @@ type RouteState struct {
 	Adapter  string `json:"adapter"`
 }
 
+// SessionState is one session of a slot as /status reports it.
+type SessionState struct {
+	Slot int `json:"slot"`
+	// Replica and Session are the server replica and its session ID, as the
+	// server announced them ("" until it does, and from servers that do not).
+	Replica string `json:"replica,omitempty"`
+	Session string `json:"session,omitempty"`
+	// State is connecting, logged in, ready or moving.
+	State string `json:"state"`
+	// Since is when the session (or the slot, connecting) entered State.
+	Since     *time.Time `json:"since,omitempty"`
+	Via       string     `json:"via,omitempty"`
+	LastError string     `json:"last_error,omitempty"`
+}
+
 func (s *status) snapshot() Snapshot {
-	ready, state := s.readiness()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	ready, state := s.readinessLocked()
 	snap := Snapshot{
 		Tunnel: s.tunnel, Server: s.server, Transport: s.transport, Ready: ready, State: state,
-		Connected: s.connected, LastError: s.lastError, Reconnects: max(s.connections-1, 0),
+		Connections: len(s.slots),
 	}
-	if s.connected {
-		snap.Via = s.via
-		snap.ConnectedSince = timePtr(s.connectedAt)
+	var oldest, oldestLoggedIn *sessionState
+	var newestErr *slotState
+	for _, st := range s.slots {
+		snap.Reconnects += st.reconnects
+		if st.lastError != "" && (newestErr == nil || st.lastErrorAt.After(newestErr.lastErrorAt)) {
+			newestErr = st
+		}
+		for _, ss := range st.sessions {
+			if oldest == nil || ss.connectedAt.Before(oldest.connectedAt) {
+				oldest = ss
+			}
+			if ss.loggedIn && (oldestLoggedIn == nil || ss.loggedInAt.Before(oldestLoggedIn.loggedInAt)) {
+				oldestLoggedIn = ss
+			}
+		}
+		snap.Sessions = append(snap.Sessions, st.entries()...)
 	}
-	if s.loggedIn {
-		snap.LoggedInSince = timePtr(s.loggedInAt)
+	if oldest != nil {
+		snap.Connected, snap.Via, snap.ConnectedSince = true, oldest.via, timePtr(oldest.connectedAt)
 	}
-	if s.lastError != "" {
-		snap.LastErrorAt = timePtr(s.lastErrorAt)
+	if oldestLoggedIn != nil {
+		snap.LoggedInSince = timePtr(oldestLoggedIn.loggedInAt)
+	}
+	if newestErr != nil {
+		snap.LastError, snap.LastErrorAt = newestErr.lastError, timePtr(newestErr.lastErrorAt)
 	}
 	for _, r := range s.routes {
 		snap.Routes = append(snap.Routes, RouteState{Prefix: r.Prefix, Upstream: r.Upstream.String(), Adapter: r.Adapter})
 	}
 	return snap
+}
+
+// entries are the slot's lines in /status: its sessions, and "connecting"
+// while it has no current one.
+func (st *slotState) entries() []SessionState {
+	var out []SessionState
+	cur := st.current()
+	for _, ss := range st.sessions {
+		e := SessionState{Slot: st.index, Replica: ss.replica, Session: ss.id, State: ss.state(), Since: timePtr(ss.since), Via: ss.via, LastError: ss.routeError}
+		if ss == cur && !ss.loggedIn {
+			e.LastError = st.lastError
+		}
+		out = append(out, e)
+	}
+	if cur == nil {
+		out = append(out, SessionState{Slot: st.index, State: StateConnecting, Since: timePtr(st.idleSince), LastError: st.lastError})
+	}
+	return out
 }
 
 func timePtr(t time.Time) *time.Time { t = t.UTC(); return &t }
@@ -170,15 +464,22 @@ func (s *status) collectors() []prometheus.Collector {
 		}
 		return 0
 	}
-	return []prometheus.Collector{
+	cs := []prometheus.Collector{
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
-			Name: "tether_client_ready", Help: "1 while the tunnel is logged in and its route registered.",
-		}, func() float64 { ok, _ := s.readiness(); return boolean(ok) }),
+			Name: "tether_client_ready", Help: "1 while a session of the tunnel is logged in and its route registered.",
+		}, read(func() float64 { ok, _ := s.readinessLocked(); return boolean(ok) })),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tether_client_connected", Help: "1 while a connection to the tunnel server is up.",
-		}, read(func() float64 { return boolean(s.connected) })),
+		}, read(func() float64 {
+			for _, st := range s.slots {
+				if len(st.sessions) > 0 {
+					return 1
+				}
+			}
+			return 0
+		})),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "tether_client_connections_total", Help: "Connections established to the tunnel server (reconnects + 1).",
+			Name: "tether_client_connections_total", Help: "Connections established to the tunnel server, by all slots.",
 		}, read(func() float64 { return float64(s.connections) })),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "tether_client_connect_failures_total", Help: "Connection attempts that failed before login (DNS, TCP, proxy, TLS).",
@@ -187,12 +488,30 @@ func (s *status) collectors() []prometheus.Collector {
 			Name: "tether_client_login_rejections_total", Help: "Logins the server rejected (token expired, wrong key, ...).",
 		}, read(func() float64 { return float64(s.loginRejected) })),
 	}
+	for _, state := range sessionStates {
+		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name:        "tether_client_sessions",
+			Help:        "Sessions by state, as /status lists them: a slot without a session of its own counts as connecting.",
+			ConstLabels: prometheus.Labels{"state": state},
+		}, read(func() float64 {
+			n := 0
+			for _, st := range s.slots {
+				for _, e := range st.entries() {
+					if e.State == state {
+						n++
+					}
+				}
+			}
+			return float64(n)
+		})))
+	}
+	return cs
 }
 
 // healthHandler serves the client's health address:
 //
 //	/healthz  200 while the process runs
-//	/readyz   200 only while the tunnel is logged in and its route registered
+//	/readyz   200 only while a session is logged in with its route registered
 //	/status   the state as JSON (what `tether status` prints)
 //	/metrics  Prometheus
 //	/debug/logs  the client's last log lines, JSON, oldest first

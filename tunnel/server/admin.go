@@ -8,6 +8,8 @@ import (
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
 // adminHandler serves the operator's endpoints:
@@ -15,7 +17,8 @@ import (
 //	GET /healthz      200 while the process runs
 //	GET /readyz       200 while serving, 503 before start-up completes and while draining
 //	GET /metrics      Prometheus
-//	GET /api/tunnels  JSON list of connected tunnels
+//	GET /api/tunnels  JSON list of this replica's sessions (a tunnel may have several)
+//	GET /api/fleet    JSON: every tunnel the registry knows, with the replicas that serve it
 //	GET /debug/pprof/ Go profiles
 //
 // When an admin token is configured, every endpoint but the probes
@@ -38,6 +41,7 @@ func (s *Server) adminHandler() http.Handler {
 	})
 	mux.Handle("GET /metrics", s.requireAdminToken(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))
 	mux.Handle("GET /api/tunnels", s.requireAdminToken(http.HandlerFunc(s.listTunnels)))
+	mux.Handle("GET /api/fleet", s.requireAdminToken(http.HandlerFunc(s.listFleet)))
 	// Profiles for an operator chasing CPU or memory.
 	mux.Handle("GET /debug/pprof/", s.requireAdminToken(http.HandlerFunc(pprof.Index)))
 	mux.Handle("GET /debug/pprof/profile", s.requireAdminToken(http.HandlerFunc(pprof.Profile)))
@@ -45,15 +49,40 @@ func (s *Server) adminHandler() http.Handler {
 }
 
 func (s *Server) listTunnels(w http.ResponseWriter, _ *http.Request) {
-	sessions := s.registry.List()
+	sessions := s.sessions.list()
 	list := make([]Info, 0, len(sessions))
 	for _, sess := range sessions {
-		list = append(list, sess.Info())
+		info := sess.Info()
+		info.Replica = s.cfg.ReplicaID
+		list = append(list, info)
 	}
+	writeJSON(w, list)
+}
+
+// Fleet is what /api/fleet reports: the registry's view of every replica's
+// tunnels, as this replica sees it.
+type Fleet struct {
+	// Replica is the replica that answered.
+	Replica string `json:"replica"`
+	// Registry is the registry's connection state.
+	Registry registry.Status `json:"registry"`
+	// Tunnels maps each tunnel to the replicas that serve it.
+	Tunnels map[string][]registry.Holder `json:"tunnels"`
+}
+
+func (s *Server) listFleet(w http.ResponseWriter, _ *http.Request) {
+	tunnels := s.registry.Snapshot()
+	if tunnels == nil {
+		tunnels = map[string][]registry.Holder{}
+	}
+	writeJSON(w, Fleet{Replica: s.cfg.ReplicaID, Registry: s.registry.Status(), Tunnels: tunnels})
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
-	_ = enc.Encode(list)
+	_ = enc.Encode(v)
 }
 
 // requireAdminToken demands "Authorization: Bearer <token>" when an admin

@@ -1,27 +1,30 @@
 package server
 
 import (
-	"errors"
+	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
-	"net/http/httputil"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
-	"go.uber.org/zap/zapcore"
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
 // serveEntry is the public HTTP entry: a request for <tunnel>.<domain> goes
-// to that tunnel's session and nowhere else.
-func (s *Server) serveEntry(w http.ResponseWriter, r *http.Request) {
+// to that tunnel's sessions and nowhere else, here or on the replica that
+// holds them.
+func (s *serving) serveEntry(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	if refused := s.refuseTarget(w, r); refused {
 		return
@@ -33,23 +36,188 @@ func (s *Server) serveEntry(w http.ResponseWriter, r *http.Request) {
 			fmt.Sprintf("tether: no tunnel is served at host %q; tunnels are served at <name>.%s", r.Host, s.cfg.Domain))
 		return
 	}
-	sess, ok := s.registry.Lookup(name)
-	var forward http.Handler
-	if ok {
-		forward, ok = sess.routed()
-	}
-	if !ok {
-		s.metrics.unrouted.WithLabelValues("tunnel_down").Inc()
-		proxy.WriteError(w, http.StatusServiceUnavailable, "tunnel_down",
-			fmt.Sprintf("tether: tunnel %q is not connected; check the tether client in that cluster", name))
-		return
-	}
 	s.setForwarded(r)
+	delete(r.Header, peerAuthHeader) // only a replica's forwarded request carries it
 	rec := proxy.NewStatusWriter(w)
-	forward.ServeHTTP(rec, r)
-	sess.countRequest(rec.Status())
+	s.route(rec, r, name, false)
 	s.metrics.requestDuration.WithLabelValues(classLabel(rec.Status())).Observe(time.Since(start).Seconds())
 }
+
+// tunnelWait bounds how long a request for a tunnel that no replica serves
+// waits for one to: a client reconnecting (after a network blip, a server
+// restart, a drain) is back well within it.
+const tunnelWait = 3 * time.Second
+
+// route serves a request for tunnel name: through a session here (trying
+// the tunnel's other sessions when one fails before the request reached
+// it), or, for a request from the public entry, through a replica that
+// holds a session of the tunnel. When none does, or none of those that do
+// can be connected to (the registry still lists a replica that died until
+// its entries expire), it waits up to tunnelWait for a session here or a
+// holder it can reach, then answers 503 tunnel_down (502
+// replica_unreachable when only unreachable holders remain). A request a
+// replica forwarded (fromPeer) is served here or refused at once: the
+// replica that forwarded it tries the next holder.
+func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fromPeer bool) {
+	body := guardBody(r)
+	var tried []*Session
+	var unreachable []string // replicas a forward could not connect to
+	waited := false
+	for {
+		holders := reachable(s.registry.Holders(name), unreachable)
+		// A session a drain retired still serves when nothing else can.
+		if sess := s.sessions.pick(name, fromPeer || len(holders) == 0, tried); sess != nil {
+			if s.serveBy(sess, w, r, body) {
+				return
+			}
+			tried = append(tried, sess)
+			continue
+		}
+		if !fromPeer && len(holders) > 0 {
+			if s.forward(w, r, holders, body) {
+				return
+			}
+			for _, h := range holders {
+				unreachable = append(unreachable, h.Replica)
+			}
+			continue
+		}
+		if fromPeer || waited {
+			if len(unreachable) > 0 && len(tried) == 0 {
+				writeReplicaUnreachable(w)
+				return
+			}
+			s.answerUnserved(w, r, name, tried, fromPeer)
+			return
+		}
+		// A client may be reconnecting: wait for a session, here or on
+		// another replica.
+		waited = true
+		ctx, cancel := context.WithTimeout(r.Context(), tunnelWait)
+		s.waitServed(ctx, name, unreachable)
+		cancel()
+		if r.Context().Err() != nil {
+			return // the caller went away
+		}
+	}
+}
+
+// holderPoll is how often a request that found only unreachable holders
+// looks for another: the registry wakes waiters on a tunnel's first holder
+// only, and the unreachable ones still count as holders.
+const holderPoll = 50 * time.Millisecond
+
+// waitServed waits until ctx ends or tunnel name is served here or by a
+// replica not in unreachable.
+func (s *serving) waitServed(ctx context.Context, name string, unreachable []string) {
+	if len(unreachable) == 0 {
+		_ = s.registry.Wait(ctx, name)
+		return
+	}
+	t := time.NewTicker(holderPoll)
+	defer t.Stop()
+	for !s.sessions.serves(name) && len(reachable(s.registry.Holders(name), unreachable)) == 0 {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// reachable returns holders without the replicas in unreachable.
+func reachable(holders []registry.Holder, unreachable []string) []registry.Holder {
+	if len(unreachable) == 0 {
+		return holders
+	}
+	var list []registry.Holder
+	for _, h := range holders {
+		if !slices.Contains(unreachable, h.Replica) {
+			list = append(list, h)
+		}
+	}
+	return list
+}
+
+// answerUnserved answers a request no session could take: 502 when the
+// tunnel's sessions here failed under it, 503 when none serves the tunnel.
+func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name string, tried []*Session, fromPeer bool) {
+	if len(tried) > 0 {
+		s.metrics.unrouted.WithLabelValues("tunnel_disconnected").Inc()
+		tried[0].logger().Warn("request not delivered: every session of the tunnel failed under it",
+			zap.Int("sessions_tried", len(tried)), zap.String("method", r.Method), zap.String("path", r.URL.Path))
+		status, code, msg := (&tunnelClosedError{tunnel: name}).Response()
+		proxy.WriteError(w, status, code, msg)
+		return
+	}
+	if fromPeer {
+		// The replica that forwarded the request tries another holder.
+		w.Header().Set(peerMissHeader, "1")
+	}
+	s.metrics.unrouted.WithLabelValues("tunnel_down").Inc()
+	proxy.WriteError(w, http.StatusServiceUnavailable, "tunnel_down",
+		fmt.Sprintf("tether: tunnel %q is not connected; check the tether client in that cluster", name))
+}
+
+// serveBy serves the request through sess and reports whether it is done:
+// false when the session failed before any of the request reached it, so
+// that another session may take it.
+func (s *serving) serveBy(sess *Session, w *proxy.StatusWriter, r *http.Request, body *guardedBody) bool {
+	h, ok := sess.serving()
+	if !ok {
+		return false
+	}
+	h.ServeHTTP(w, r)
+	if w.Status() == 0 && r.Context().Err() == nil {
+		// The router left the request to us (proxy.Options.Reroute).
+		return body.started() && s.answerUndelivered(sess, w)
+	}
+	sess.countRequest(w.Status())
+	return true
+}
+
+// answerUndelivered answers a request whose session failed after part of
+// its body was read: it cannot go elsewhere.
+func (s *serving) answerUndelivered(sess *Session, w http.ResponseWriter) bool {
+	sess.countRequest(0)
+	s.metrics.unrouted.WithLabelValues("tunnel_disconnected").Inc()
+	status, code, msg := (&tunnelClosedError{tunnel: sess.Tunnel()}).Response()
+	proxy.WriteError(w, status, code, msg)
+	return true
+}
+
+// guardedBody is a request body that records whether any of it was read,
+// and that a failed attempt cannot close: http.Transport closes the body of
+// a request it could not send, and the request may then go elsewhere.
+type guardedBody struct {
+	io.ReadCloser
+	read atomic.Bool
+}
+
+// guardBody puts a guardedBody in place of r's body; a request without a
+// body gets none (nil), which reports nothing started.
+func guardBody(r *http.Request) *guardedBody {
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil
+	}
+	g := &guardedBody{ReadCloser: r.Body}
+	r.Body = g
+	return g
+}
+
+func (b *guardedBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.read.Store(true)
+	}
+	return n, err
+}
+
+// Close does nothing: the HTTP server closes the request body itself.
+func (b *guardedBody) Close() error { return nil }
+
+// started reports whether any of the body was read; a nil body never is.
+func (b *guardedBody) started() bool { return b != nil && b.read.Load() }
 
 // refuseTarget answers, before any routing, the request targets a tunnel
 // never serves, and reports whether it did.
@@ -68,7 +236,7 @@ func (s *Server) serveEntry(w http.ResponseWriter, r *http.Request) {
 //
 // Refusals are counted, and logged at most once per 10s each, so that a
 // flood of them cannot flood the log.
-func (s *Server) refuseTarget(w http.ResponseWriter, r *http.Request) bool {
+func (s *serving) refuseTarget(w http.ResponseWriter, r *http.Request) bool {
 	switch {
 	case r.Method == http.MethodConnect:
 		s.metrics.unrouted.WithLabelValues("connect").Inc()
@@ -101,89 +269,6 @@ func tunnelName(host, domain string) (string, bool) {
 		return "", false
 	}
 	return name, true
-}
-
-// maxRoutes bounds the routes a client may advertise.
-const maxRoutes = 32
-
-// forwarder builds the handler that carries requests to sess's client.
-//
-// A tether client advertises its routes at login. The server runs the
-// router for them, so each request is parsed once, here: the router picks
-// the route by path and asks the client, on a stream of the session, to
-// connect to that route's upstream; the client checks the upstream is one
-// of its own and then only copies bytes. Streams stay open in per-upstream
-// keep-alive pools, so a request costs no new stream and no new dial.
-//
-// A stock frpc advertises nothing and is reached through frp's own HTTP
-// vhost, which routes by Host to the frp proxy the client registered.
-func (s *Server) forwarder(sess *Session) (http.Handler, error) {
-	specs, advertised, err := sess.advertisedRoutes()
-	if err != nil {
-		return nil, err
-	}
-	if !advertised {
-		transport := vhostTransport()
-		sess.atEnd(transport.CloseIdleConnections)
-		return s.frpVhostProxy(transport), nil
-	}
-	if len(specs) == 0 || len(specs) > maxRoutes {
-		return nil, fmt.Errorf("the client advertised %d routes; want 1 to %d", len(specs), maxRoutes)
-	}
-	routes := make([]proxy.Route, 0, len(specs))
-	for _, spec := range specs {
-		r, err := proxy.ParseRoute(spec)
-		if err != nil {
-			return nil, fmt.Errorf("the client advertised an invalid route: %w", err)
-		}
-		routes = append(routes, r)
-	}
-	// An upstream that is down in a customer's cluster fails every request
-	// for it: one log line per failure kind every 10s per tunnel tells the
-	// platform's operator enough without flooding the server's log.
-	sampled := sess.logger().WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 1, 0)
-	}))
-	router, err := proxy.NewRouter(routes, sampled, proxy.Options{DialContext: sess.dial})
-	if err != nil {
-		return nil, fmt.Errorf("the client advertised unusable routes: %w", err)
-	}
-	sess.atEnd(router.Close)
-	return router, nil
-}
-
-// frpVhostProxy forwards through transport to frp's HTTP vhost, which
-// routes by Host.
-func (s *Server) frpVhostProxy(transport http.RoundTripper) http.Handler {
-	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme = "http"
-			pr.Out.URL.Host = s.frpVhostAddr
-			pr.Out.Host = pr.In.Host
-			// Rewrite drops X-Forwarded-*; the entry already set them.
-			for _, h := range forwardedHeaders {
-				pr.Out.Header[h] = pr.In.Header[h]
-			}
-		},
-		Transport:  transport,
-		BufferPool: bufferPool{},
-		ErrorLog:   s.proxyErrorLog,
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if r.Context().Err() != nil {
-				return // the caller went away; nobody reads an answer
-			}
-			var te interface{ Timeout() bool }
-			var op *net.OpError
-			dialing := errors.As(err, &op) && op.Op == "dial"
-			if errors.As(err, &te) && te.Timeout() && !dialing {
-				proxy.WriteError(w, http.StatusGatewayTimeout, proxy.CodeUpstreamTimeout,
-					fmt.Sprintf("tether: the tunnel's service sent no response headers within %.0fs", vhostResponseHeaderTimeout.Seconds()))
-				return
-			}
-			s.log.Warn("request through frp's vhost failed", zap.String("host", r.Host), zap.Error(err))
-			proxy.WriteError(w, http.StatusBadGateway, "tunnel_error", "tether: the tunnel could not carry the request; retry")
-		},
-	}
 }
 
 var forwardedHeaders = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	v1 "github.com/fatedier/frp/pkg/config/v1"
@@ -88,7 +89,7 @@ func startFRP(domain, pluginAddr, pluginPath string, ops []string, conns *tunnel
 		// listen and NewService fails (leaving its bind listener open:
 		// frp does not close it on that path); the next round retries.
 		cfg.BindPort = 0
-		svc, err := frpserver.NewService(cfg)
+		svc, err := newFRPService(cfg)
 		if err != nil {
 			lastErr = err
 			continue
@@ -104,6 +105,17 @@ func startFRP(domain, pluginAddr, pluginPath string, ops []string, conns *tunnel
 		return f, nil
 	}
 	return nil, fmt.Errorf("start embedded frp server: %w", lastErr)
+}
+
+// frpStarting serialises frp's NewService: it sets process-wide variables
+// (vhost.NotFoundPagePath), so two servers in one process (replicas in a
+// test) must not start at once.
+var frpStarting sync.Mutex
+
+func newFRPService(cfg *v1.ServerConfig) (*frpserver.Service, error) {
+	frpStarting.Lock()
+	defer frpStarting.Unlock()
+	return frpserver.NewService(cfg)
 }
 
 // Close stops frp: no more streams, every control closed.

@@ -29,7 +29,7 @@ import (
 // Why: frp admits a work connection by the run ID it names, and its token
 // auth shares one secret among all clients. Here a session becomes a
 // tunnel's only after the auth plugin verified its JWT, and a work
-// connection reaches frp only from its own tunnel's current session. frp's
+// connection reaches frp only from the session whose run ID it names. frp's
 // "internal" listener mode is never used for client streams: it skips
 // control encryption and honours a login's AlwaysAuthPass.
 //
@@ -55,7 +55,7 @@ const (
 )
 
 // serveTunnel accepts tunnel clients on ln until ln is closed.
-func (s *Server) serveTunnel(ln net.Listener) error {
+func (s *serving) serveTunnel(ln net.Listener) error {
 	var delay time.Duration
 	for {
 		conn, err := ln.Accept()
@@ -81,7 +81,7 @@ func (s *Server) serveTunnel(ln net.Listener) error {
 
 // refuseConn closes a connection over the anonymous caps at once, before
 // TLS, with a reset so that no socket lingers in TIME_WAIT.
-func (s *Server) refuseConn(conn net.Conn, reason string) {
+func (s *serving) refuseConn(conn net.Conn, reason string) {
 	if tc, ok := conn.(*net.TCPConn); ok {
 		_ = tc.SetLinger(0)
 	}
@@ -97,7 +97,7 @@ func (s *Server) refuseConn(conn net.Conn, reason string) {
 
 // serveTunnelConn runs one client connection until it ends. slot is its
 // place among the anonymous connections, given back at login or at the end.
-func (s *Server) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
+func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 	defer slot.release()
 	limits := newConnLimits(loginBudget)
 	conn, transport, err := s.handshake(&budgetConn{Conn: raw, limits: limits})
@@ -119,7 +119,7 @@ func (s *Server) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 	}
 	sess := newSession(newSessionID(), counted, mux, transport, s.log.Named("session"))
 	sess.limits, sess.slot = limits, slot
-	s.tenancy.add(sess)
+	s.sessions.add(sess)
 	// The login must arrive early enough to leave time for its check.
 	openBy := min(loginOpeningTimeout, s.cfg.LoginTimeout/2)
 	sess.after(openBy, func() {
@@ -163,7 +163,7 @@ func (s *Server) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 	}
 	sess.Close("connection lost: " + describeEnd(endErr))
 	streams.Wait()
-	s.tenancy.remove(sess)
+	s.sessions.leave(sess)
 	sess.finish()
 	if sess.Tunnel() != "" {
 		info := sess.Info()
@@ -175,7 +175,7 @@ func (s *Server) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 
 // closeAtLimit closes a session that went over lim, and counts and logs it
 // unless the session had already ended.
-func (s *Server) closeAtLimit(sess *Session, lim *limitError) {
+func (s *serving) closeAtLimit(sess *Session, lim *limitError) {
 	if sess.setCloseReason(lim.detail) {
 		s.metrics.sessionsLimited.WithLabelValues(lim.reason).Inc()
 		// One message per reason, so that a flood of one kind does not
@@ -207,7 +207,7 @@ func describeEnd(err error) string {
 // tether client nor frpc opens such a stream, and yamux would keep
 // buffering what the client sends on a refused stream until the client
 // closes it too.
-func (s *Server) admitStream(sess *Session, stream net.Conn) {
+func (s *serving) admitStream(sess *Session, stream net.Conn) {
 	_ = stream.SetReadDeadline(time.Now().Add(openingTimeout))
 	op, err := readOpening(stream, maxOpeningSize)
 	_ = stream.SetReadDeadline(time.Time{})
@@ -253,9 +253,13 @@ func (s *Server) admitStream(sess *Session, stream net.Conn) {
 		// bytes resets it, and the client would see only the reset.
 		s.toFRP(sess, op, &controlStream{Conn: stream, end: func() {
 			sess.after(controlCloseGrace, func() { sess.Close("control connection closed") })
+		}, wrote: func() {
+			if sess.routePending.CompareAndSwap(true, false) {
+				s.sessions.serve(sess)
+			}
 		}})
 	case *msg.NewWorkConn:
-		if err := s.tenancy.admitsWork(sess, m.RunID); err != nil {
+		if err := admitsWork(sess, m.RunID); err != nil {
 			s.refuse(sess, stream, "foreign_work_conn", "work connection refused", zap.Error(err))
 			return
 		}
@@ -267,7 +271,7 @@ func (s *Server) admitStream(sess *Session, stream net.Conn) {
 
 // refuse counts and logs a refused stream, then closes it and its session,
 // in that order, so that whoever sees the stream end also sees it counted.
-func (s *Server) refuse(sess *Session, stream net.Conn, reason, logMsg string, fields ...zap.Field) {
+func (s *serving) refuse(sess *Session, stream net.Conn, reason, logMsg string, fields ...zap.Field) {
 	s.metrics.refusedStreams.WithLabelValues(reason).Inc()
 	fields = append(fields, zap.String("client_address", sess.remoteAddr), zap.String("tunnel", sess.Tunnel()), zap.String("reason", reason))
 	s.floodLog.Warn(logMsg, fields...)
@@ -276,7 +280,7 @@ func (s *Server) refuse(sess *Session, stream net.Conn, reason, logMsg string, f
 }
 
 // toFRP hands a stream, its opening replayed, to the embedded frp server.
-func (s *Server) toFRP(sess *Session, op *opening, stream net.Conn) {
+func (s *serving) toFRP(sess *Session, op *opening, stream net.Conn) {
 	conn, err := op.replay(stream)
 	if err != nil {
 		// A login stamped with the session's ID can outgrow what frp
@@ -284,14 +288,14 @@ func (s *Server) toFRP(sess *Session, op *opening, stream net.Conn) {
 		s.refuse(sess, stream, "too_large", "first message refused", zap.Error(err))
 		return
 	}
-	if !s.frpConns.Push(conn) {
+	if !s.frp.conns.Push(conn) {
 		_ = conn.Close()
 	}
 }
 
 // handshake performs TLS (accepting frp's optional 0x17 first byte) and, when
 // the client speaks HTTP inside TLS, the wss upgrade.
-func (s *Server) handshake(raw net.Conn) (net.Conn, string, error) {
+func (s *serving) handshake(raw net.Conn) (net.Conn, string, error) {
 	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
 	defer func() { _ = raw.SetDeadline(time.Time{}) }()
 
@@ -329,7 +333,7 @@ func (s *Server) handshake(raw net.Conn) (net.Conn, string, error) {
 	return ws, "wss", nil
 }
 
-func (s *Server) yamuxConfig() *yamux.Config {
+func (s *serving) yamuxConfig() *yamux.Config {
 	// yamux logs a line per odd frame (for a stream it reset, past its
 	// backlog), so its log is sampled like the refusals.
 	return tunnel.MuxConfig(s.cfg.HeartbeatTimeout, s.floodLog)
@@ -343,11 +347,18 @@ func newSessionID() string {
 }
 
 // controlStream is the frp control stream of a session: when frp closes it,
-// the session ends too.
+// the session ends too, and each of frp's writes on it is reported (wrote).
 type controlStream struct {
 	net.Conn
-	end  func()
-	once sync.Once
+	end   func()
+	wrote func()
+	once  sync.Once
+}
+
+func (c *controlStream) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.wrote()
+	return n, err
 }
 
 func (c *controlStream) Close() error {

@@ -3,6 +3,7 @@ package server
 import (
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,11 +26,21 @@ func TestHostileClientsCannotTouchAnotherTunnel(t *testing.T) {
 		}
 	}
 
-	t.Run("login reusing another tunnel's run ID", func(t *testing.T) {
+	t.Run("login naming another tunnel's run ID", func(t *testing.T) {
+		alpha, ok := s.sessions.lookup("alpha")
+		if !ok {
+			t.Fatal("tunnel alpha has no session")
+		}
 		c := dialRaw(t, s.tunnel)
-		resp, _ := c.login(s.keys.token(t, "beta", time.Hour), "alpha")
-		if !strings.Contains(resp.Error, "belongs to another tunnel") {
-			t.Fatalf("login answer error %q, want a run ID rejection", resp.Error)
+		resp, _ := c.login(s.keys.token(t, "beta", time.Hour), alpha.RunID())
+		if resp.Error != "" {
+			t.Fatalf("login of beta: %s", resp.Error)
+		}
+		if want := "beta." + alpha.RunID(); resp.RunID != want {
+			t.Errorf("beta's run ID %q, want %q: scoped to beta", resp.RunID, want)
+		}
+		if reason := alpha.CloseReason(); reason != "" {
+			t.Fatalf("alpha's session was closed: %s", reason)
 		}
 		healthy(t)
 	})
@@ -39,8 +50,12 @@ func TestHostileClientsCannotTouchAnotherTunnel(t *testing.T) {
 		if resp, _ := c.login(s.keys.token(t, "beta", time.Hour), ""); resp.Error != "" {
 			t.Fatalf("login of beta: %s", resp.Error)
 		}
+		alpha, ok := s.sessions.lookup("alpha")
+		if !ok {
+			t.Fatal("tunnel alpha has no session")
+		}
 		before := testutil.ToFloat64(s.metrics.refusedStreams.WithLabelValues("foreign_work_conn"))
-		if !c.refused(&msg.NewWorkConn{RunID: "alpha"}) {
+		if !c.refused(&msg.NewWorkConn{RunID: alpha.RunID()}) {
 			t.Fatal("a work connection naming tunnel alpha, sent on beta's session, was not refused")
 		}
 		if got := testutil.ToFloat64(s.metrics.refusedStreams.WithLabelValues("foreign_work_conn")); got != before+1 {
@@ -76,7 +91,7 @@ func TestHostileClientsCannotTouchAnotherTunnel(t *testing.T) {
 		if !c.refused(&msg.Login{Metas: map[string]string{"token": s.keys.token(t, "alpha", time.Hour)}}) {
 			t.Fatal("a second login on a logged-in connection was not refused")
 		}
-		if sess, ok := s.registry.Lookup("alpha"); !ok || sess.CloseReason() != "" {
+		if sess, ok := s.sessions.lookup("alpha"); !ok || sess.CloseReason() != "" {
 			t.Fatal("tunnel alpha lost its session")
 		}
 		healthy(t)
@@ -97,35 +112,44 @@ func TestHostileClientsCannotTouchAnotherTunnel(t *testing.T) {
 	})
 }
 
-// A new login for a tunnel ends the old session at once: a client whose
-// connection died silently gets its route back without waiting for a
-// heartbeat to expire.
+// A new login with a session's run ID ends that session at once: a client
+// whose connection died silently gets its route back without waiting for a
+// heartbeat to expire. A login with another run ID joins the tunnel beside
+// it.
 func TestNewLoginReplacesSessionAtOnce(t *testing.T) {
 	s := startServer(t)
 	first := dialRaw(t, s.tunnel)
-	if resp, _ := first.login(s.keys.token(t, "alpha", time.Hour), ""); resp.Error != "" {
-		t.Fatalf("first login: %s", resp.Error)
+	if resp, _ := first.login(s.keys.token(t, "alpha", time.Hour), "0f3a9c21-0"); resp.Error != "" || resp.RunID != "alpha.0f3a9c21-0" {
+		t.Fatalf("first login: error %q, run ID %q; want alpha.0f3a9c21-0", resp.Error, resp.RunID)
 	}
-	old, ok := s.registry.Lookup("alpha")
+	old, ok := s.sessions.lookup("alpha")
 	if !ok {
 		t.Fatal("first login did not register tunnel alpha")
 	}
 
+	other := dialRaw(t, s.tunnel)
+	if resp, _ := other.login(s.keys.token(t, "alpha", time.Hour), "0f3a9c21-1"); resp.Error != "" {
+		t.Fatalf("login with another run ID: %s", resp.Error)
+	}
+	if len(s.sessions.sessionsOf("alpha")) != 2 || old.CloseReason() != "" {
+		t.Fatalf("a login with another run ID replaced the first session (%q)", old.CloseReason())
+	}
+
 	second := dialRaw(t, s.tunnel)
-	resp, _ := second.login(s.keys.token(t, "alpha", time.Hour), "alpha")
+	resp, _ := second.login(s.keys.token(t, "alpha", time.Hour), "alpha.0f3a9c21-0")
 	if resp.Error != "" {
 		t.Fatalf("second login: %s", resp.Error)
 	}
-	if resp.RunID != "alpha" {
-		t.Errorf("run ID %q, want the tunnel name", resp.RunID)
+	if resp.RunID != "alpha.0f3a9c21-0" {
+		t.Errorf("run ID %q, want the first session's", resp.RunID)
 	}
 	select {
 	case <-old.Done():
 	case <-time.After(5 * time.Second):
 		t.Fatal("the replaced session is still open")
 	}
-	if cur, ok := s.registry.Lookup("alpha"); !ok || cur == old {
-		t.Fatal("tunnel alpha is not served by the new session")
+	if list := s.sessions.sessionsOf("alpha"); len(list) != 2 || slices.Contains(list, old) {
+		t.Fatalf("tunnel alpha's sessions after the replacement: %d, the old one among them: %v", len(list), slices.Contains(list, old))
 	}
 	if got := testutil.ToFloat64(s.metrics.sessionsReplaced); got != 1 {
 		t.Errorf("tether_sessions_replaced_total = %v, want 1", got)
@@ -154,7 +178,7 @@ func TestSessionEndsWhenTokenExpires(t *testing.T) {
 	if resp, _ := c.login(s.keys.token(t, "alpha", 2*time.Second), ""); resp.Error != "" {
 		t.Fatalf("login: %s", resp.Error)
 	}
-	sess, ok := s.registry.Lookup("alpha")
+	sess, ok := s.sessions.lookup("alpha")
 	if !ok {
 		t.Fatal("tunnel alpha not registered")
 	}
@@ -167,7 +191,7 @@ func TestSessionEndsWhenTokenExpires(t *testing.T) {
 		t.Errorf("close reason %q, want %q", got, "token expired")
 	}
 	wait.WaitFor(t, 5*time.Second, func() error {
-		if _, ok := s.registry.Lookup("alpha"); ok {
+		if _, ok := s.sessions.lookup("alpha"); ok {
 			return fmt.Errorf("tunnel alpha still registered")
 		}
 		return nil

@@ -11,6 +11,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -79,6 +80,7 @@ type testServer struct {
 	tunnel string // tunnel listener address
 	entry  string // http://host:port of the public entry
 	admin  string // http://host:port of the admin endpoints
+	stop   func() // cancels Serve and waits for it: the server drains
 }
 
 func startServer(t testing.TB, mutate ...func(*Config)) *testServer {
@@ -96,31 +98,54 @@ func startServerLeeway(t testing.TB, leeway time.Duration, mutate ...func(*Confi
 // startServerLog starts a server that logs to log.
 func startServerLog(t testing.TB, leeway time.Duration, log *zap.Logger, mutate ...func(*Config)) *testServer {
 	t.Helper()
-	k := newKeys(t)
+	return startServerWith(t, serverSetup{keys: newKeys(t), leeway: leeway, log: log}, mutate...)
+}
+
+// serverSetup is what startServerWith needs beside the Config.
+type serverSetup struct {
+	keys   *keys
+	leeway time.Duration
+	log    *zap.Logger
+	opts   []Option
+	peer   net.Listener // the peer listener, or nil for none
+}
+
+// startServerWith starts a server as setup says.
+func startServerWith(t testing.TB, setup serverSetup, mutate ...func(*Config)) *testServer {
+	t.Helper()
+	k := setup.keys
 	cfg := Config{TunnelAddr: "127.0.0.1:0", HTTPAddr: "127.0.0.1:0", AdminAddr: "127.0.0.1:0", Domain: testDomain}
+	ls := Listeners{Tunnel: listen(t), HTTP: listen(t), Admin: listen(t), Peer: setup.peer}
+	if ls.Peer != nil {
+		cfg.PeerAddr = ls.Peer.Addr().String()
+	}
 	for _, m := range mutate {
 		m(&cfg)
 	}
-	srv, err := New(cfg, k.verifier(t, leeway), log)
+	srv, err := New(cfg, k.verifier(t, setup.leeway), setup.log, setup.opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
-	ls := Listeners{Tunnel: listen(t), HTTP: listen(t), Admin: listen(t)}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- srv.Serve(ctx, ls) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return &testServer{
+	ts := &testServer{
 		Server: srv, keys: k,
 		tunnel: ls.Tunnel.Addr().String(),
 		entry:  "http://" + ls.HTTP.Addr().String(),
 		admin:  "http://" + ls.Admin.Addr().String(),
 	}
+	var once sync.Once
+	ts.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(ts.stop)
+	return ts
 }
 
 func listen(t testing.TB) net.Listener {

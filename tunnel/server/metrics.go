@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
 // metrics are the server's Prometheus metrics, on a registry of its own.
@@ -26,9 +27,16 @@ type metrics struct {
 	probes             *prometheus.CounterVec
 	unrouted           *prometheus.CounterVec
 	requestDuration    *prometheus.HistogramVec
+	// Between replicas (peer.go).
+	forwarded   *prometheus.CounterVec
+	peerServed  prometheus.Counter
+	peerRefused prometheus.Counter
+	// sessionsSilent counts sessions closed for a client that stopped
+	// answering while its tunnel had others (Session.watchSilence).
+	sessionsSilent prometheus.Counter
 }
 
-func newMetrics(registry Registry, anonymous *anonymousSlots) *metrics {
+func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, reg registry.Registry) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		sessionsReplaced: prometheus.NewCounter(prometheus.CounterOpts{
@@ -41,7 +49,7 @@ func newMetrics(registry Registry, anonymous *anonymousSlots) *metrics {
 		}),
 		loginsRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_logins_rejected_total",
-			Help: "Tunnel client logins rejected, by reason (expired, bad_signature, run_id, ...).",
+			Help: "Tunnel client logins rejected, by reason (expired, bad_signature, session_limit, ...).",
 		}, []string{"reason"}),
 		routesRejected: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_routes_rejected_total",
@@ -65,15 +73,32 @@ func newMetrics(registry Registry, anonymous *anonymousSlots) *metrics {
 		}, []string{"result"}),
 		unrouted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_http_unrouted_requests_total",
-			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), connect (405: CONNECT), absolute_form (400: absolute-form target).",
+			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), tunnel_disconnected (502: every session of the tunnel failed under the request), connect (405: CONNECT), absolute_form (400: absolute-form target).",
 		}, []string{"reason"}),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tether_http_request_duration_seconds",
 			Help:    "Time to serve a public HTTP request through a tunnel, until the response body ends, by status class.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
 		}, []string{"code_class"}),
+		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tether_peer_forwarded_total",
+			Help: "Requests forwarded to another replica that serves the tunnel, by result: ok (answered), unreachable (that replica could not be connected to; the next was tried), missed (it no longer served the tunnel; the next was tried).",
+		}, []string{"result"}),
+		peerServed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_peer_requests_total",
+			Help: "Requests other replicas forwarded here.",
+		}),
+		sessionsSilent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_sessions_silent_total",
+			Help: "Sessions closed because their client stopped answering (no answer to a ping) while the tunnel had other sessions to serve its requests.",
+		}),
+		peerRefused: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tether_peer_refused_total",
+			Help: "Requests to the peer port refused for a missing or wrong peer secret.",
+		}),
 	}
 	m.reg.MustRegister(
+		m.forwarded, m.peerServed, m.peerRefused, m.sessionsSilent, registry.NewCollector(reg),
 		m.sessionsReplaced, m.loginsAccepted, m.loginsRejected, m.routesRejected,
 		m.refusedStreams, m.probes, m.unrouted, m.requestDuration,
 		m.connectionsRefused, m.sessionsLimited,
@@ -81,7 +106,7 @@ func newMetrics(registry Registry, anonymous *anonymousSlots) *metrics {
 			Name: "tether_anonymous_connections",
 			Help: "Tunnel connections accepted that have not logged in (yet): handshaking, logging in, or probing.",
 		}, func() float64 { return float64(anonymous.count()) }),
-		tunnelCollector{registry: registry},
+		tunnelCollector{sessions: sessions},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
@@ -104,36 +129,51 @@ func (m *metrics) RouteRejected(reason auth.Reason) {
 var (
 	tunnelsDesc = prometheus.NewDesc("tether_tunnels_connected",
 		"Tunnels with a logged-in session on this server.", nil, nil)
+	sessionsDesc = prometheus.NewDesc("tether_sessions_connected",
+		"Logged-in tunnel sessions on this server (a tunnel may have several).", nil, nil)
 	tunnelRequestsDesc = prometheus.NewDesc("tether_tunnel_requests_total",
-		"Public HTTP requests served through a tunnel's current session, by status class (error = failed before a response).",
+		"Public HTTP requests served through a tunnel's sessions on this server, by status class (error = failed before a response).",
 		[]string{"tunnel", "code_class"}, nil)
 	tunnelBytesDesc = prometheus.NewDesc("tether_tunnel_bytes_total",
-		"Bytes on a tunnel's current session connection; in = sent by the client.",
+		"Bytes on a tunnel's session connections on this server; in = sent by the clients.",
 		[]string{"tunnel", "direction"}, nil)
 )
 
-// tunnelCollector reads per-tunnel series from the registry at scrape time.
-type tunnelCollector struct{ registry Registry }
+// tunnelCollector reads per-tunnel series from the session table at scrape
+// time, summed over each tunnel's sessions.
+type tunnelCollector struct{ sessions *sessionTable }
 
 func (c tunnelCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tunnelsDesc
+	ch <- sessionsDesc
 	ch <- tunnelRequestsDesc
 	ch <- tunnelBytesDesc
 }
 
 func (c tunnelCollector) Collect(ch chan<- prometheus.Metric) {
-	sessions := c.registry.List()
-	ch <- prometheus.MustNewConstMetric(tunnelsDesc, prometheus.GaugeValue, float64(len(sessions)))
-	for _, s := range sessions {
-		name := s.Tunnel()
-		for class := range s.requests {
-			n := s.requests[class].Load()
-			if n == 0 {
-				continue
+	sessions := c.sessions.list() // by tunnel
+	tunnels := 0
+	for i := 0; i < len(sessions); {
+		name := sessions[i].Tunnel()
+		var requests [6]uint64
+		var in, out uint64
+		for ; i < len(sessions) && sessions[i].Tunnel() == name; i++ {
+			s := sessions[i]
+			for class := range s.requests {
+				requests[class] += s.requests[class].Load()
 			}
-			ch <- prometheus.MustNewConstMetric(tunnelRequestsDesc, prometheus.CounterValue, float64(n), name, classLabel(class*100))
+			in += s.conn.read.Load()
+			out += s.conn.written.Load()
 		}
-		ch <- prometheus.MustNewConstMetric(tunnelBytesDesc, prometheus.CounterValue, float64(s.conn.read.Load()), name, "in")
-		ch <- prometheus.MustNewConstMetric(tunnelBytesDesc, prometheus.CounterValue, float64(s.conn.written.Load()), name, "out")
+		tunnels++
+		for class, n := range requests {
+			if n > 0 {
+				ch <- prometheus.MustNewConstMetric(tunnelRequestsDesc, prometheus.CounterValue, float64(n), name, classLabel(class*100))
+			}
+		}
+		ch <- prometheus.MustNewConstMetric(tunnelBytesDesc, prometheus.CounterValue, float64(in), name, "in")
+		ch <- prometheus.MustNewConstMetric(tunnelBytesDesc, prometheus.CounterValue, float64(out), name, "out")
 	}
+	ch <- prometheus.MustNewConstMetric(tunnelsDesc, prometheus.GaugeValue, float64(tunnels))
+	ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(len(sessions)))
 }

@@ -23,7 +23,7 @@ const probeWriteTimeout = 10 * time.Second
 // (frp's LoginResp with the same rejection text), followed on success by a
 // tunnel.ProbeReply. The session never reaches frp and registers nothing, so
 // a tunnel that is already connected is not disturbed.
-func (s *Server) answerProbe(sess *Session, stream net.Conn, login *msg.Login) {
+func (s *serving) answerProbe(sess *Session, stream net.Conn, login *msg.Login) {
 	defer sess.after(controlCloseGrace, func() { sess.Close("login probe answered") })
 	defer func() { _ = stream.Close() }()
 	_ = stream.SetWriteDeadline(time.Now().Add(probeWriteTimeout))
@@ -46,11 +46,13 @@ func (s *Server) answerProbe(sess *Session, stream net.Conn, login *msg.Login) {
 		ServerVersion: version.String(),
 		PublicURL:     strings.Replace(s.cfg.PublicURL, "*", claims.Tunnel, 1),
 	}
-	if cur, ok := s.registry.Lookup(claims.Tunnel); ok {
+	if cur, ok := s.sessions.lookup(claims.Tunnel); ok {
 		info := cur.Info()
 		reply.Connected = true
 		reply.ClientAddress = info.ClientAddress
 		reply.ConnectedSince = &info.ConnectedSince
+	} else if len(s.registry.Holders(claims.Tunnel)) > 0 {
+		reply.Connected = true // through another replica
 	}
 	if err := msg.WriteMsg(stream, &msg.LoginResp{Version: frpversion.Full()}); err != nil {
 		return

@@ -14,8 +14,16 @@
 //	}, verifier, log)
 //	err = srv.Run(ctx) // until ctx ends; then drains
 //
+// A tunnel may have several sessions (several client processes, or one
+// client's --connections), and several replicas may serve one domain behind
+// an L4 load balancer: they share a registry of which replica serves which
+// tunnel (package registry: in memory for one replica, Redis for several),
+// and each forwards a request for a tunnel it does not serve to one that
+// does, over its peer listener. On shutdown a replica drains: its clients
+// move to other replicas before their sessions here close.
+//
 // It does not terminate TLS for the public HTTP entry (put an ingress or load
-// balancer in front), and it keeps its registry of tunnels in memory.
+// balancer in front).
 package server
 
 import (
@@ -40,6 +48,7 @@ import (
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/tunnel"
+	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
 // Config configures a Server. Zero durations take the documented defaults.
@@ -84,10 +93,35 @@ type Config struct {
 	// one source address (an IPv6 /64). Default 64. Raise it when a load
 	// balancer in front hides the clients' addresses.
 	MaxAnonymousPerIP int
-	// ShutdownTimeout bounds the drain on shutdown: in-flight requests get
-	// this long to finish before the tunnels close. Default 25s.
+	// ShutdownTimeout bounds the drain on shutdown: clients get this long to
+	// move to other replicas and in-flight requests to finish before the
+	// tunnels close. Default 25s.
 	ShutdownTimeout time.Duration
+	// MaxSessionsPerTunnel caps the sessions one tunnel may have on this
+	// replica, whatever the clients' number. Default 16.
+	MaxSessionsPerTunnel int
+
+	// Registry is where replicas share which of them serve which tunnel:
+	// "memory" (the default, one replica) or redis://HOST:PORT[/DB] or
+	// rediss://... (several replicas).
+	Registry string
+	// RegistryPasswordFile holds the Redis password, if it is not in the URL.
+	RegistryPasswordFile string
+	// ReplicaID names this replica among the others. Default: the hostname.
+	ReplicaID string
+	// PeerAddr is the listener for requests other replicas forward here,
+	// HOST:PORT; required with a Redis registry.
+	PeerAddr string
+	// PeerAdvertiseAddr is the HOST:PORT other replicas dial to reach
+	// PeerAddr. Default PeerAddr; required when that has no host.
+	PeerAdvertiseAddr string
+	// PeerSecretFile holds the secret replicas share: a forwarded request
+	// without it never reaches a tunnel. Required with a Redis registry.
+	PeerSecretFile string
 }
+
+// shared reports whether the registry is shared by several replicas.
+func (c *Config) shared() bool { return c.Registry != "" && c.Registry != "memory" }
 
 func (c *Config) setDefaults() {
 	if c.HeartbeatTimeout == 0 {
@@ -104,6 +138,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxAnonymousPerIP == 0 {
 		c.MaxAnonymousPerIP = defaultMaxAnonymousPerIP
+	}
+	if c.MaxSessionsPerTunnel == 0 {
+		c.MaxSessionsPerTunnel = defaultMaxSessionsPerTunnel
+	}
+	if c.ReplicaID == "" {
+		c.ReplicaID, _ = os.Hostname()
+	}
+	if c.PeerAdvertiseAddr == "" {
+		c.PeerAdvertiseAddr = c.PeerAddr
 	}
 	c.Domain = strings.Trim(strings.ToLower(c.Domain), ".")
 }
@@ -159,7 +202,55 @@ func (c *Config) Validate() error {
 	if c.HeartbeatTimeout < 3*time.Second {
 		errs = append(errs, fmt.Errorf("--heartbeat-timeout %v: want at least 3s", c.HeartbeatTimeout))
 	}
-	return errors.Join(errs...)
+	if c.MaxSessionsPerTunnel < 0 {
+		errs = append(errs, fmt.Errorf("--max-sessions-per-tunnel %d: want a positive number, or 0 for the default %d", c.MaxSessionsPerTunnel, defaultMaxSessionsPerTunnel))
+	}
+	return errors.Join(append(errs, c.validateReplicas()...)...)
+}
+
+// defaultMaxSessionsPerTunnel is room for a few client pods with a few
+// connections each, and the moment a client reconnects while its old
+// session has not ended yet.
+const defaultMaxSessionsPerTunnel = 16
+
+// validateReplicas checks the settings of a replica among several.
+func (c *Config) validateReplicas() []error {
+	var errs []error
+	if c.PeerAddr != "" {
+		if _, _, err := net.SplitHostPort(c.PeerAddr); err != nil {
+			errs = append(errs, fmt.Errorf("--peer-addr %q: want HOST:PORT, e.g. 0.0.0.0:7443: %w", c.PeerAddr, err))
+		}
+	}
+	if c.PeerAdvertiseAddr != "" {
+		host, port, err := net.SplitHostPort(c.PeerAdvertiseAddr)
+		switch {
+		case err != nil:
+			errs = append(errs, fmt.Errorf("--peer-advertise-addr %q: want HOST:PORT that the other replicas can dial: %w", c.PeerAdvertiseAddr, err))
+		case host == "" || host == "0.0.0.0" || host == "::" || port == "0":
+			errs = append(errs, fmt.Errorf("--peer-advertise-addr %q: the other replicas cannot dial a wildcard address or port 0; set --peer-advertise-addr to this replica's address, e.g. $(POD_IP):7443", c.PeerAdvertiseAddr))
+		}
+	}
+	if !c.shared() {
+		return errs
+	}
+	if c.PeerAddr == "" {
+		errs = append(errs, fmt.Errorf("--peer-addr is required with --registry %s: the replicas forward requests to each other there, e.g. --peer-addr 0.0.0.0:7443", registryName(c.Registry)))
+	}
+	if c.PeerSecretFile == "" {
+		errs = append(errs, fmt.Errorf("--peer-secret-file is required with --registry %s: the file of the secret the replicas share, so that nothing else can send requests into tunnels", registryName(c.Registry)))
+	}
+	if c.ReplicaID == "" {
+		errs = append(errs, errors.New("--replica-id is required: the hostname is unknown; name this replica (e.g. the pod name)"))
+	}
+	return errs
+}
+
+// registryName is a registry URL fit for an error: without user info.
+func registryName(u string) string {
+	if pu, err := url.Parse(u); err == nil {
+		return pu.Redacted()
+	}
+	return "(a URL that does not parse)"
 }
 
 func validDomain(d string) error {
@@ -193,18 +284,16 @@ type Server struct {
 	verifier   *auth.Verifier
 	log        *zap.Logger
 	adminToken string
+	peerSecret []byte
 	certs      *certificates
 	tlsConfig  *tls.Config
-	registry   Registry
+	registry   registry.Registry
+	sessions   *sessionTable
 	metrics    *metrics
-	tenancy    *tenancy
 	anonymous  *anonymousSlots
 	// floodLog is log, sampled: for what a client can make the server log
 	// as often as it likes (refused connections and streams, limits).
 	floodLog *zap.Logger
-
-	frpConns     *tunnel.ConnListener // streams the gate admitted, for frp
-	frpVhostAddr string               // frp's HTTP vhost, for stock frpc tunnels
 
 	// refusalLog logs the entry's refusals of CONNECT and absolute-form
 	// targets, sampled: anyone on the internet can send those.
@@ -219,11 +308,19 @@ type Server struct {
 	draining atomic.Bool
 }
 
+// serving is what exists while the server serves: Serve builds it.
+type serving struct {
+	*Server
+	frp     *embeddedFRP
+	peers   http.Handler // forwards to other replicas
+	notices sync.WaitGroup
+}
+
 // Option customises a Server.
 type Option func(*Server)
 
-// WithRegistry replaces the in-memory tunnel registry.
-func WithRegistry(r Registry) Option { return func(s *Server) { s.registry = r } }
+// WithRegistry sets the registry instead of Config.Registry.
+func WithRegistry(r registry.Registry) Option { return func(s *Server) { s.registry = r } }
 
 // New validates cfg and wires the server. It does not listen.
 func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (*Server, error) {
@@ -234,7 +331,7 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	if verifier == nil {
 		return nil, errors.New("server needs a token verifier: give --jwt-public-key")
 	}
-	s := &Server{cfg: cfg, verifier: verifier, log: log, registry: NewMemoryRegistry()}
+	s := &Server{cfg: cfg, verifier: verifier, log: log}
 	s.proxyErrorLog, _ = zap.NewStdLogAt(log.Named("entry"), zapcore.DebugLevel)
 	s.refusalLog = log.Named("entry").WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 1, 0)
@@ -242,13 +339,22 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	for _, o := range opts {
 		o(s)
 	}
+	var err error
 	if cfg.AdminTokenFile != "" {
-		b, err := os.ReadFile(cfg.AdminTokenFile)
-		if err != nil {
-			return nil, fmt.Errorf("read --admin-token-file: %w", err)
+		if s.adminToken, err = readSecret(cfg.AdminTokenFile, "--admin-token-file"); err != nil {
+			return nil, err
 		}
-		if s.adminToken = strings.TrimSpace(string(b)); s.adminToken == "" {
-			return nil, fmt.Errorf("--admin-token-file %s is empty: put a random token in it", cfg.AdminTokenFile)
+	}
+	if cfg.PeerSecretFile != "" {
+		secret, err := readSecret(cfg.PeerSecretFile, "--peer-secret-file")
+		if err != nil {
+			return nil, err
+		}
+		s.peerSecret = []byte(secret)
+	}
+	if s.registry == nil {
+		if s.registry, err = openRegistry(cfg, log); err != nil {
+			return nil, err
 		}
 	}
 	host, _, _ := net.SplitHostPort(cfg.TunnelAddr)
@@ -263,14 +369,46 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 		// Per message: the first 5 every 10s, then none until the next 10s.
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
 	}))
-	s.metrics = newMetrics(s.registry, s.anonymous)
-	s.tenancy = newTenancy(verifier, s.registry, s.metrics, log.Named("tenancy"), s.forwarder)
+	s.sessions = newSessionTable(s.registry)
+	s.metrics = newMetrics(s.sessions, s.anonymous, s.registry)
 	return s, nil
 }
 
-// Listeners are the server's three listening sockets; Serve closes them.
+// readSecret reads a secret from the file flag names.
+func readSecret(path, flag string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", flag, err)
+	}
+	secret := strings.TrimSpace(string(b))
+	if secret == "" {
+		return "", fmt.Errorf("%s %s is empty: put a random secret in it (e.g. openssl rand -hex 32)", flag, path)
+	}
+	return secret, nil
+}
+
+// openRegistry opens the registry Config names; its password comes from
+// RegistryPasswordFile.
+func openRegistry(cfg Config, log *zap.Logger) (registry.Registry, error) {
+	password := ""
+	if cfg.RegistryPasswordFile != "" {
+		p, err := registry.ReadPassword(cfg.RegistryPasswordFile)
+		if err != nil {
+			return nil, fmt.Errorf("--registry-password-file: %w", err)
+		}
+		password = p
+	}
+	reg, err := registry.Open(registry.Config{URL: cfg.Registry, Replica: cfg.ReplicaID, Addr: cfg.PeerAdvertiseAddr}, password, log.Named("registry"))
+	if err != nil {
+		return nil, fmt.Errorf("--registry: %w", err)
+	}
+	return reg, nil
+}
+
+// Listeners are the server's listening sockets; Serve closes them. Peer is
+// the listener for requests other replicas forward (nil: none).
 type Listeners struct {
-	Tunnel, HTTP, Admin net.Listener
+	Tunnel, HTTP, Admin, Peer net.Listener
 }
 
 // Run listens on the configured addresses and serves until ctx ends.
@@ -291,6 +429,9 @@ func (s *Server) Run(ctx context.Context) error {
 	ls.Tunnel = listen("--tunnel-addr", s.cfg.TunnelAddr)
 	ls.HTTP = listen("--http-addr", s.cfg.HTTPAddr)
 	ls.Admin = listen("--admin-addr", s.cfg.AdminAddr)
+	if s.cfg.PeerAddr != "" {
+		ls.Peer = listen("--peer-addr", s.cfg.PeerAddr)
+	}
 	if err != nil {
 		closeAll(ls)
 		return err
@@ -298,11 +439,11 @@ func (s *Server) Run(ctx context.Context) error {
 	return s.Serve(ctx, ls)
 }
 
-// Serve serves on ls until ctx ends, then drains: it stops accepting, lets
-// in-flight requests finish (bounded by ShutdownTimeout) and closes the
-// tunnels. It returns after every goroutine it started has ended.
+// Serve serves on ls until ctx ends, then drains (drain.go). It returns
+// after every goroutine it started has ended.
 func (s *Server) Serve(ctx context.Context, ls Listeners) error {
-	plugin := auth.NewPlugin(s.verifier, s.tenancy, s.log.Named("auth"), s.metrics)
+	sv := &serving{Server: s}
+	plugin := auth.NewPlugin(s.verifier, sv, s.floodLog.Named("auth"), s.metrics)
 	var lc net.ListenConfig
 	pluginLn, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
 	if err != nil {
@@ -317,40 +458,59 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	if s.cfg.PublicURL == "" {
 		s.cfg.PublicURL = defaultPublicURL(s.cfg.Domain, ls.HTTP.Addr())
 	}
-	s.frpConns = tunnel.NewConnListener(ls.Tunnel.Addr())
-	frp, err := startFRP(s.cfg.Domain, pluginLn.Addr().String(), pluginPath, plugin.Ops(), s.frpConns)
-	if err != nil {
+	if sv.frp, err = startFRP(s.cfg.Domain, pluginLn.Addr().String(), pluginPath, plugin.Ops(), tunnel.NewConnListener(ls.Tunnel.Addr())); err != nil {
 		_ = pluginLn.Close()
 		closeAll(ls)
 		return err
 	}
-	s.frpVhostAddr = frp.vhostAddr
+	sv.peers = sv.newPeerProxy()
 
 	entrySrv := &http.Server{
-		Handler:           http.HandlerFunc(s.serveEntry),
+		Handler:           http.HandlerFunc(sv.serveEntry),
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          zap.NewStdLog(s.log.Named("entry")),
 	}
+	var peerSrv *http.Server
+	if ls.Peer != nil {
+		peerSrv = &http.Server{
+			Handler:           http.HandlerFunc(sv.servePeer),
+			ReadHeaderTimeout: 10 * time.Second,
+			IdleTimeout:       120 * time.Second,
+			ErrorLog:          zap.NewStdLog(s.log.Named("peer")),
+		}
+	}
 	adminSrv := &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
 
+	// The registry outlives the drain: it tells where the clients moved,
+	// and removes this replica's entries last.
+	regCtx, stopRegistry := context.WithCancel(context.WithoutCancel(ctx))
 	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return s.registry.Run(regCtx) })
 	g.Go(func() error { return serveHTTP(pluginSrv, pluginLn) })
 	g.Go(func() error { return serveHTTP(entrySrv, ls.HTTP) })
+	if peerSrv != nil {
+		g.Go(func() error { return serveHTTP(peerSrv, ls.Peer) })
+	}
 	g.Go(func() error { return serveHTTP(adminSrv, ls.Admin) })
-	g.Go(func() error { return s.serveTunnel(ls.Tunnel) })
+	g.Go(func() error { return sv.serveTunnel(ls.Tunnel) })
 	g.Go(func() error {
 		<-gctx.Done()
-		s.shutdown(ls.Tunnel, entrySrv)
+		sv.drain(ls.Tunnel, entrySrv, peerSrv)
 		_ = adminSrv.Close()
 		_ = pluginSrv.Close()
-		frp.Close()
+		sv.frp.Close()
+		stopRegistry()
 		return nil
 	})
 
-	s.log.Info("tether server started",
-		zap.String("tunnel_addr", ls.Tunnel.Addr().String()), zap.String("http_addr", ls.HTTP.Addr().String()),
-		zap.String("admin_addr", ls.Admin.Addr().String()), zap.String("domain", s.cfg.Domain))
+	fields := []zap.Field{zap.String("tunnel_addr", ls.Tunnel.Addr().String()), zap.String("http_addr", ls.HTTP.Addr().String()),
+		zap.String("admin_addr", ls.Admin.Addr().String()), zap.String("domain", s.cfg.Domain),
+		zap.String("replica", s.cfg.ReplicaID), zap.String("registry", s.registry.Status().Backend)}
+	if ls.Peer != nil {
+		fields = append(fields, zap.String("peer_addr", ls.Peer.Addr().String()), zap.String("peer_advertise_addr", s.cfg.PeerAdvertiseAddr))
+	}
+	s.log.Info("tether server started", fields...)
 	if s.certs.selfSignedOnly() {
 		s.log.Info("tunnel listener uses a self-signed certificate; pin it on clients with --tls-fingerprint",
 			zap.String("sha256_fingerprint", s.certs.Fingerprint()))
@@ -363,25 +523,6 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	return err
 }
 
-// shutdown drains: readiness fails at once so load balancers stop sending,
-// no new tunnel clients are accepted, in-flight requests get ShutdownTimeout
-// to finish, then every session closes and its client reconnects elsewhere.
-func (s *Server) shutdown(tunnelLn net.Listener, entrySrv *http.Server) {
-	s.draining.Store(true)
-	s.log.Info("draining", zap.Duration("timeout", s.cfg.ShutdownTimeout))
-	_ = tunnelLn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), s.cfg.ShutdownTimeout)
-	defer cancel()
-	if err := entrySrv.Shutdown(ctx); err != nil {
-		s.log.Warn("in-flight requests did not finish in time; closing them", zap.Error(err))
-		_ = entrySrv.Close()
-	}
-	for _, sess := range s.tenancy.all() {
-		sess.Close("server shutting down")
-	}
-	s.conns.Wait()
-}
-
 // serveHTTP runs srv on ln; a closed server is a normal end.
 func serveHTTP(srv *http.Server, ln net.Listener) error {
 	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
@@ -391,7 +532,7 @@ func serveHTTP(srv *http.Server, ln net.Listener) error {
 }
 
 func closeAll(ls Listeners) {
-	for _, ln := range []net.Listener{ls.Tunnel, ls.HTTP, ls.Admin} {
+	for _, ln := range []net.Listener{ls.Tunnel, ls.HTTP, ls.Admin, ls.Peer} {
 		if ln != nil {
 			_ = ln.Close()
 		}

@@ -1,32 +1,26 @@
 package server
 
 import (
-	"context"
-	"encoding/json"
-	"errors"
-	"fmt"
-	"net"
-	"net/http"
-	"os"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
 
 	"github.com/tether-dev/tether/auth"
-	"github.com/tether-dev/tether/tunnel"
+	"github.com/tether-dev/tether/proxy"
 )
 
 // Session is one connected tunnel client: a TLS (or websocket) connection
 // carrying a yamux session. Its first stream is the frp control connection;
-// the client opens more streams as frp work connections, and for tether
-// clients the server opens streams of its own that carry HTTP.
+// a stock frpc opens more streams as frp work connections, and for a tether
+// client the server opens streams of its own that carry HTTP (dial.go).
 //
-// A session starts anonymous and becomes a tunnel's session when its login is
-// verified; from then on every stream on it belongs to that tunnel.
+// A session starts anonymous and becomes a tunnel's session when its login
+// is verified (bind); from then on every stream on it belongs to that
+// tunnel. It serves requests once frp has registered its route (serve),
+// until the route goes, the session is retired by a drain, or it ends.
 type Session struct {
 	id          string
 	remoteAddr  string
@@ -44,26 +38,46 @@ type Session struct {
 	// clientStreams counts the streams the client opened that are still
 	// open here.
 	clientStreams atomic.Int32
+	// dialed counts the streams the server opened to the client's upstreams
+	// (dial.go) that are still open: a drain waits for them to end.
+	dialed atomic.Int32
 	// streams are the session's open streams, opened by either side.
 	streamsMu sync.Mutex
 	streams   map[*yamux.Stream]struct{}
 	closing   bool
 	// opened is set once the first stream's opening has been read.
 	opened atomic.Bool
+	// retired is set when a draining server stops sending the session new
+	// requests because its tunnel is served elsewhere.
+	retired atomic.Bool
+	// routePending is set while a stock frpc's route is registered in the
+	// auth plugin but not yet in frp's vhost: the session serves once frp
+	// has answered the client (its next write on the control stream).
+	routePending atomic.Bool
+	// suspectUntil (Unix nanoseconds) is set when a dial through the
+	// session got no answer: until then other sessions are tried first.
+	suspectUntil atomic.Int64
+	// The silence watch (watchSilence): its timer, and what to do about a
+	// client that went silent.
+	silence   *time.Timer
+	onSilence func(*Session)
 
-	// requests counts answered requests by status class: index 1..5 for
-	// 1xx..5xx, index 0 for requests that failed before any response.
+	// requests counts the requests routed to this session by status class:
+	// index 1..5 for 1xx..5xx, index 0 for requests that failed before any
+	// response.
 	requests [6]atomic.Uint64
 
 	mu            sync.Mutex
 	loginStarted  bool
+	advertised    *string // the routes a tether client advertised (JSON), until login; nil for a stock frpc
 	claims        *auth.Claims
+	runID         string // frp run ID, scoped to the tunnel (auth.ScopedRunID)
 	loggedInAt    time.Time
 	clientVersion string
-	routes        *string      // the routes a tether client advertised (JSON); nil for a stock frpc
-	forward       http.Handler // how a request reaches this client; set at login
-	route         string       // the registered frp proxy name; "" while none
-	log           *zap.Logger  // baseLog with the tunnel name once logged in
+	routes        []proxy.Route // a tether client's routes, parsed at login; nil for a stock frpc
+	handler       sessionHandler
+	route         string      // the registered frp proxy name; "" while none
+	log           *zap.Logger // baseLog with the tunnel name once logged in
 	closeReason   string
 	timers        []*time.Timer
 	onEnd         []func() // run once the session has ended
@@ -149,6 +163,9 @@ func (s *Session) setCloseReason(reason string) (first bool) {
 	for _, t := range s.timers {
 		t.Stop()
 	}
+	if s.silence != nil {
+		s.silence.Stop()
+	}
 	return first
 }
 
@@ -192,24 +209,11 @@ func (s *Session) finish() {
 	}
 }
 
-// advertisedRoutes returns the route specs a tether client sent at login;
-// advertised is false for a stock frpc.
-func (s *Session) advertisedRoutes() (specs []string, advertised bool, err error) {
-	s.mu.Lock()
-	raw := s.routes
-	s.mu.Unlock()
-	if raw == nil {
-		return nil, false, nil
-	}
-	if err := json.Unmarshal([]byte(*raw), &specs); err != nil {
-		return nil, true, fmt.Errorf("the client's advertised routes are not a JSON list of route specs: %w", err)
-	}
-	return specs, true, nil
-}
-
 // startLogin admits the session's one login; a second login on the same
 // connection is refused, so a session is never re-bound to another identity.
-func (s *Session) startLogin(clientVersion string, routes *string) bool {
+// advertised is what a tether client advertised as its routes, nil for a
+// stock frpc.
+func (s *Session) startLogin(clientVersion string, advertised *string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.loginStarted {
@@ -217,23 +221,33 @@ func (s *Session) startLogin(clientVersion string, routes *string) bool {
 	}
 	s.loginStarted = true
 	s.clientVersion = clientVersion
-	s.routes = routes
+	s.advertised = advertised
 	return true
 }
 
-// bind makes the session the verified identity's. forward is how requests
-// will reach this client.
-func (s *Session) bind(claims *auth.Claims, forward http.Handler) bool {
+// advertisedRoutes is what startLogin was given.
+func (s *Session) advertisedRoutes() *string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.advertised
+}
+
+// bind makes the session the verified identity's, under its frp run ID.
+// routes are a tether client's parsed routes (nil for a stock frpc) and
+// handler is how requests will reach the client.
+func (s *Session) bind(claims *auth.Claims, runID string, routes []proxy.Route, handler sessionHandler) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.claims != nil || s.closeReason != "" {
 		return false
 	}
 	s.claims = claims
+	s.runID = runID
+	s.routes = routes
+	s.handler = handler
 	s.loggedInAt = time.Now()
 	s.limits.lift()
 	s.slot.release()
-	s.forward = forward
 	s.log = s.baseLog.With(zap.String("tunnel", claims.Tunnel))
 	return true
 }
@@ -253,7 +267,22 @@ func (s *Session) Tunnel() string {
 	return ""
 }
 
-// setRoute records the session's route; a tunnel has at most one.
+// RunID is the session's frp run ID, or "" before login.
+func (s *Session) RunID() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.runID
+}
+
+// stock reports whether a stock frpc (which advertises no routes) is on the
+// other end; it is reached through frp's vhost.
+func (s *Session) stock() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.routes == nil
+}
+
+// setRoute records the session's route; a session has at most one.
 func (s *Session) setRoute(name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -264,225 +293,89 @@ func (s *Session) setRoute(name string) bool {
 	return true
 }
 
-func (s *Session) clearRoute(name string) {
+// clearRoute forgets the route name, and reports whether it was the
+// session's.
+func (s *Session) clearRoute(name string) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.route == name {
-		s.route = ""
+	if s.route != name {
+		return false
 	}
+	s.route = ""
+	return true
 }
 
-// routed returns the request forwarder once the route is registered.
-func (s *Session) routed() (http.Handler, bool) {
+// serving returns the session's handler while it serves requests: logged
+// in, its route registered, not closed.
+func (s *Session) serving() (sessionHandler, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.route == "" || s.closeReason != "" || s.forward == nil {
+	if s.route == "" || s.closeReason != "" || s.handler == nil {
 		return nil, false
 	}
-	return s.forward, true
+	return s.handler, true
 }
 
-// dial connects to addr, one of the tether client's upstreams, through the
-// client: it opens a stream, asks the client to connect, and returns the
-// stream once the client has. It is the router's DialContext.
-func (s *Session) dial(ctx context.Context, _, addr string) (net.Conn, error) {
-	stream, err := s.mux.OpenStream()
-	if err != nil {
-		return nil, &tunnelClosedError{tunnel: s.Tunnel()}
-	}
-	if !s.track(stream) {
-		_ = stream.Close()
-		return nil, &tunnelClosedError{tunnel: s.Tunnel()}
-	}
-	if deadline, ok := ctx.Deadline(); ok {
-		_ = stream.SetDeadline(deadline)
-	}
-	stop := context.AfterFunc(ctx, func() { _ = stream.SetDeadline(time.Now()) })
-	defer stop()
-	code, msg, err := dialThrough(stream, addr)
-	if err != nil {
-		_ = stream.Close()
-		s.untrack(stream)
-		select {
-		case <-s.Done():
-			return nil, &tunnelClosedError{tunnel: s.Tunnel()}
-		default:
-		}
-		if ctx.Err() != nil {
-			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: ctx.Err()}
-		}
-		return nil, fmt.Errorf("dial %s through the tunnel: %w", addr, err)
-	}
-	if code != tunnel.DialOK {
-		_ = stream.Close()
-		s.untrack(stream)
-		return nil, dialFailure(addr, code, msg)
-	}
-	_ = stream.SetDeadline(time.Time{})
-	return &tunnelConn{Conn: stream, stream: stream, sess: s}, nil
-}
-
-func dialThrough(stream net.Conn, addr string) (tunnel.DialCode, string, error) {
-	if err := tunnel.WriteDialRequest(stream, addr); err != nil {
-		return 0, "", err
-	}
-	return tunnel.ReadDialReply(stream)
-}
-
-// dialFailure turns the client's answer into the error the router explains:
-// a net.OpError for what a local dial could have met.
-func dialFailure(addr string, code tunnel.DialCode, msg string) error {
-	var cause error
-	switch code {
-	case tunnel.DialRefused:
-		cause = syscall.ECONNREFUSED
-	case tunnel.DialNotFound:
-		host, _, _ := net.SplitHostPort(addr)
-		cause = &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
-	case tunnel.DialUnreachable:
-		cause = syscall.EHOSTUNREACH
-	case tunnel.DialTimeout:
-		cause = os.ErrDeadlineExceeded
-	case tunnel.DialNotAllowed:
-		return &notAllowedError{addr: addr, msg: msg}
-	default:
-		cause = errors.New(msg)
-	}
-	return &net.OpError{Op: "dial", Net: "tcp", Source: nil, Addr: nil, Err: cause}
-}
-
-// tunnelClosedError: the tunnel's session ended under a request.
-type tunnelClosedError struct{ tunnel string }
-
-func (e *tunnelClosedError) Error() string { return fmt.Sprintf("tunnel %q disconnected", e.tunnel) }
-
-// Response implements proxy.ResponseError.
-func (e *tunnelClosedError) Response() (int, string, string) {
-	return http.StatusBadGateway, "tunnel_disconnected",
-		fmt.Sprintf("tether: tunnel %q disconnected during the request; retry", e.tunnel)
-}
-
-// notAllowedError: the client refused an upstream it does not route to,
-// which means server and client disagree about the client's routes.
-type notAllowedError struct{ addr, msg string }
-
-func (e *notAllowedError) Error() string {
-	return fmt.Sprintf("the tunnel client refused to connect to %s: %s", e.addr, e.msg)
-}
-
-// Response implements proxy.ResponseError.
-func (e *notAllowedError) Response() (int, string, string) {
-	return http.StatusBadGateway, "upstream_not_allowed",
-		fmt.Sprintf("tether: the tunnel client refused to connect to %s: it is not one of its routes", e.addr)
-}
-
-// tunnelConn is a dialed upstream connection inside the session. Once the
-// session has ended, its errors say so, so that the router answers "tunnel
-// disconnected" rather than blaming the upstream.
-type tunnelConn struct {
-	net.Conn
-	stream *yamux.Stream
-	sess   *Session
-	once   sync.Once
-}
-
-func (c *tunnelConn) Close() error {
-	err := c.Conn.Close()
-	c.once.Do(func() { c.sess.untrack(c.stream) })
-	return err
-}
-
-func (c *tunnelConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	return n, c.explain(err)
-}
-
-func (c *tunnelConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
-	return n, c.explain(err)
-}
-
-func (c *tunnelConn) explain(err error) error {
-	if err == nil {
-		return err
-	}
-	select {
-	case <-c.sess.Done():
-		return &tunnelClosedError{tunnel: c.sess.Tunnel()}
-	default:
-		return err
-	}
-}
-
-// countRequest records one answered request by its status code (0 = failed
-// before a response).
-func (s *Session) countRequest(status int) { s.requests[statusClass(status)].Add(1) }
-
-// statusClass maps 1xx..5xx to 1..5 and anything else to 0.
-func statusClass(status int) int {
-	if status >= 100 && status < 600 {
-		return status / 100
-	}
-	return 0
-}
-
-// Info is a snapshot of a session for the admin API.
-type Info struct {
-	Name           string    `json:"name"`
-	Account        string    `json:"account"`
-	Runtime        string    `json:"runtime"`
-	ClientAddress  string    `json:"client_address"`
-	ConnectedSince time.Time `json:"connected_since"`
-	ClientVersion  string    `json:"client_version"`
-	BytesIn        uint64    `json:"bytes_in"`
-	BytesOut       uint64    `json:"bytes_out"`
-	Transport      string    `json:"transport"`
-	Route          string    `json:"route"`
-	TokenExpires   time.Time `json:"token_expires"`
-	Requests       uint64    `json:"requests"`
-}
-
-// Info returns the session's state. BytesIn counts what the client sent.
-func (s *Session) Info() Info {
+// closeIdle closes the idle streams its handler keeps for later requests.
+func (s *Session) closeIdle() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	info := Info{
-		ClientAddress:  s.remoteAddr,
-		ConnectedSince: s.connectedAt.UTC(),
-		ClientVersion:  s.clientVersion,
-		BytesIn:        s.conn.read.Load(),
-		BytesOut:       s.conn.written.Load(),
-		Transport:      s.transport,
-		Route:          s.route,
+	h := s.handler
+	s.mu.Unlock()
+	if h != nil {
+		h.CloseIdle()
 	}
-	if s.claims != nil {
-		info.Name = s.claims.Tunnel
-		info.Account = s.claims.Account
-		info.Runtime = s.claims.Runtime
-		info.TokenExpires = s.claims.ExpiresAt.UTC()
-	}
-	for i := range s.requests {
-		info.Requests += s.requests[i].Load()
-	}
-	return info
 }
 
-// countingConn counts the bytes of a session's connection, for the admin
-// API and metrics. Two atomic adds per read or write cost nothing measurable
-// beside TLS.
-type countingConn struct {
-	net.Conn
-	read, written atomic.Uint64
+// How fast the server notices a client that went silent while it has
+// something to say (see watchSilence). A client answers within a round
+// trip: a response, a window update as it reads what it was sent, a ping's
+// answer. Silence only triggers a ping; only the ping's bound decides, and
+// it is seconds, so that a slow or saturated link is not taken for a dead
+// one.
+const (
+	silenceBound = time.Second
+	silencePing  = 2 * time.Second
+)
+
+// watchSilence makes the session notice, within silenceBound + silencePing
+// of sending something, a client that no longer answers (a NAT dropped the
+// connection, the client's node froze), instead of after the heartbeat
+// timeout: once something written to the client has gone unanswered (no
+// byte read since) for silenceBound, a ping must be answered within
+// silencePing, or onSilent is called. A request written on a pooled stream
+// of such a session would otherwise wait for an answer until the heartbeat
+// timeout.
+func (s *Session) watchSilence(onSilent func(*Session)) {
+	s.mu.Lock()
+	s.onSilence = onSilent
+	s.silence = time.AfterFunc(time.Hour, s.checkSilence)
+	s.silence.Stop()
+	s.mu.Unlock()
+	s.conn.watch(s.armSilence)
 }
 
-func (c *countingConn) Read(p []byte) (int, error) {
-	n, err := c.Conn.Read(p)
-	c.read.Add(uint64(n)) //nolint:gosec // n >= 0
-	return n, err
+// armSilence runs when a write starts to wait for an answer.
+func (s *Session) armSilence() { s.silence.Reset(silenceBound) }
+
+func (s *Session) checkSilence() {
+	since := s.conn.unanswered.Load()
+	switch {
+	case since == 0 || !s.alive():
+		return // answered
+	case time.Since(time.Unix(0, since)) < silenceBound:
+		// Answered, and written to again since.
+		s.silence.Reset(silenceBound - time.Since(time.Unix(0, since)))
+		return
+	}
+	if pingWithin(s.mux, silencePing) != nil && s.alive() {
+		s.suspectUntil.Store(time.Now().Add(suspectFor).UnixNano())
+		s.onSilence(s)
+		return
+	}
+	// The client answered the ping: it is alive, and what it was sent is
+	// still on its way or being worked on.
+	s.conn.unanswered.Store(0)
 }
 
-func (c *countingConn) Write(p []byte) (int, error) {
-	n, err := c.Conn.Write(p)
-	c.written.Add(uint64(n)) //nolint:gosec // n >= 0
-	return n, err
-}
+// suspect reports whether a recent dial through the session got no answer.
+func (s *Session) suspect(now time.Time) bool { return now.UnixNano() < s.suspectUntil.Load() }

@@ -49,8 +49,8 @@ func TestPasswordFromFile(t *testing.T) {
 		t.Fatalf("ReadPassword: got %q, want the file's content without its newline", password)
 	}
 
-	a := newReplica(t, srv.url(), "a", password).start(t)
-	b := newReplica(t, srv.url(), "b", password).start(t)
+	a := newReplica(t, srv.URL(), "a", password).start(t)
+	b := newReplica(t, srv.URL(), "b", password).start(t)
 	a.Hold("t")
 	testutil.WaitFor(t, 5*time.Second, all(
 		func() error { return holdersAre(b, "t", a.holder(t, "t")) },
@@ -65,13 +65,13 @@ func TestWrongPassword(t *testing.T) {
 	secret := randomSecret(t)
 	srv := startRedis(t, "--requirepass", secret)
 	wrong := randomSecret(t)
-	host := strings.TrimPrefix(srv.url(), "redis://")
+	host := strings.TrimPrefix(srv.URL(), "redis://")
 	for _, tc := range []struct {
 		name, url, password string
 	}{
-		{"wrong password from a file", srv.url(), wrong},
+		{"wrong password from a file", srv.URL(), wrong},
 		{"wrong password in the URL", "redis://:" + wrong + "@" + host, ""},
-		{"no password", srv.url(), ""},
+		{"no password", srv.URL(), ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := newReplica(t, tc.url, "a", tc.password).start(t)
@@ -161,14 +161,14 @@ func stringify(m map[string]any) string {
 func TestTLS(t *testing.T) {
 	dir := t.TempDir()
 	pool := writeCerts(t, dir)
-	srv := newRedisServer(t,
+	srv := testutil.NewRedisServer(t,
 		"--tls-cert-file", filepath.Join(dir, "cert.pem"),
 		"--tls-key-file", filepath.Join(dir, "key.pem"),
 		"--tls-ca-cert-file", filepath.Join(dir, "ca.pem"),
 		"--tls-auth-clients", "no")
-	srv.tls = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
-	srv.start()
-	url := "rediss://" + srv.addr + "/0"
+	srv.TLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}
+	srv.Start()
+	url := "rediss://" + srv.Addr + "/0"
 	withCA := func(c *Config) { c.TLS = &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12} }
 
 	a := runReplica(t, url, "a", withCA)
@@ -259,7 +259,7 @@ func TestACLUser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("create the ACL user: %v", err)
 	}
-	url := "redis://tether@" + srv.addr + "/0"
+	url := "redis://tether@" + srv.Addr + "/0"
 	a := newReplica(t, url, "a", secret).start(t)
 	b := newReplica(t, url, "b", secret).start(t)
 	a.Hold("t")

@@ -14,14 +14,14 @@ import (
 func BenchmarkHolders(b *testing.B) {
 	const tunnels = 1000
 	srv := startRedis(b)
-	a := newReplica(b, srv.url(), "a", "")
+	a := newReplica(b, srv.URL(), "a", "")
 	names := make([]string, tunnels)
 	for i := range names {
 		names[i] = fmt.Sprintf("t%d", i)
 		a.Hold(names[i])
 	}
 	a.start(b)
-	r := runReplica(b, srv.url(), "r")
+	r := runReplica(b, srv.URL(), "r")
 	testutil.WaitFor(b, 10*time.Second, func() error {
 		if n := r.Status().Remote; n != tunnels {
 			return fmt.Errorf("the cache has %d tunnels, want %d", n, tunnels)

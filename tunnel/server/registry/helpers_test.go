@@ -1,13 +1,10 @@
 package registry
 
 import (
-	"bytes"
 	"context"
-	"crypto/tls"
 	"fmt"
 	"io"
 	"net"
-	"os/exec"
 	"slices"
 	"strings"
 	"sync"
@@ -35,105 +32,24 @@ func TestMain(m *testing.M) {
 // second.
 const testTTL = time.Second
 
-// redisServer is a redis-server that a test started on a free loopback port,
-// in a temp dir, without persistence: a restart brings it back empty.
-type redisServer struct {
-	t    testing.TB
-	bin  string
-	dir  string
-	addr string
-	args []string // extra arguments
-	tls  *tls.Config
-	pass string
-
-	cmd *exec.Cmd
-	out *syncBuffer
-}
+// redisServer is a redis-server the test started (testutil.StartRedis),
+// with what the registry tests look at it with.
+type redisServer struct{ *testutil.RedisServer }
 
 // startRedis starts redis-server with extra arguments; the test fails if it
 // is not installed.
-func startRedis(t testing.TB, extra ...string) *redisServer {
+func startRedis(t testing.TB, extra ...string) redisServer {
 	t.Helper()
-	s := newRedisServer(t, extra...)
-	s.start()
-	return s
-}
-
-// newRedisServer prepares a redis-server; start starts it.
-func newRedisServer(t testing.TB, extra ...string) *redisServer {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatal("redis-server is not on PATH; the registry tests need it: install it (Debian: apt-get install redis-server)")
-	}
-	s := &redisServer{t: t, bin: bin, dir: t.TempDir(), addr: testutil.ClosedAddr(t), args: extra, out: &syncBuffer{}}
-	for i, a := range extra {
-		if a == "--requirepass" {
-			s.pass = extra[i+1]
-		}
-	}
-	t.Cleanup(func() {
-		s.kill()
-		if t.Failed() {
-			t.Logf("redis-server output:\n%s", s.out.String())
-		}
-	})
-	return s
-}
-
-func (s *redisServer) port() string {
-	_, port, _ := net.SplitHostPort(s.addr)
-	return port
-}
-
-// url is the server's redis:// URL, without a password.
-func (s *redisServer) url() string { return "redis://" + s.addr + "/0" }
-
-// start starts the server and waits until it answers.
-func (s *redisServer) start() {
-	s.t.Helper()
-	args := []string{"--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-		"--dir", s.dir, "--daemonize", "no", "--loglevel", "warning"}
-	if s.tls == nil {
-		args = append(args, "--port", s.port())
-	} else {
-		args = append(args, "--port", "0", "--tls-port", s.port())
-	}
-	args = append(args, s.args...)
-	cmd := exec.Command(s.bin, args...)
-	cmd.Stdout, cmd.Stderr = s.out, s.out
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("start redis-server: %v", err)
-	}
-	s.cmd = cmd
-	c := s.client()
-	defer c.Close()
-	testutil.WaitFor(s.t, 10*time.Second, func() error {
-		err := c.Ping(context.Background()).Err()
-		if err != nil && !redis.IsAuthError(err) {
-			return fmt.Errorf("redis-server not answering on %s: %w", s.addr, err)
-		}
-		return nil
-	})
-}
-
-// kill stops the server as a crash would.
-func (s *redisServer) kill() {
-	if s.cmd == nil {
-		return
-	}
-	_ = s.cmd.Process.Kill()
-	_ = s.cmd.Wait()
-	s.cmd = nil
+	return redisServer{testutil.StartRedis(t, extra...)}
 }
 
 // client is a plain client of the server, to look at the keys.
-func (s *redisServer) client() *redis.Client {
-	return redis.NewClient(&redis.Options{Addr: s.addr, Password: s.pass, TLSConfig: s.tls, DialerRetries: 1, MaxRetries: -1})
+func (s redisServer) client() *redis.Client {
+	return redis.NewClient(&redis.Options{Addr: s.Addr, Password: s.Password, TLSConfig: s.TLS, DialerRetries: 1, MaxRetries: -1})
 }
 
 // keys returns the server's keys, sorted.
-func (s *redisServer) keys(t testing.TB) []string {
+func (s redisServer) keys(t testing.TB) []string {
 	t.Helper()
 	c := s.client()
 	defer c.Close()
@@ -143,23 +59,6 @@ func (s *redisServer) keys(t testing.TB) []string {
 	}
 	slices.Sort(keys)
 	return keys
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
 
 // replica is a running Redis registry.

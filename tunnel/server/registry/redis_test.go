@@ -19,9 +19,9 @@ import (
 // holds and releases, and each sees only the others in Holders.
 func TestReplicasSeeEachOther(t *testing.T) {
 	srv := startRedis(t)
-	a := runReplica(t, srv.url(), "a")
-	b := runReplica(t, srv.url(), "b")
-	c := runReplica(t, srv.url(), "c")
+	a := runReplica(t, srv.URL(), "a")
+	b := runReplica(t, srv.URL(), "b")
+	c := runReplica(t, srv.URL(), "c")
 
 	a.Hold("t1")
 	b.Hold("t1")
@@ -62,8 +62,8 @@ func TestReplicasSeeEachOther(t *testing.T) {
 		t.Errorf("keys in redis: got %q, want %q", got, wantKeys)
 	}
 	st := c.Status()
-	if st.Backend != "redis" || st.Held != 0 || st.Remote != 2 || st.Target != srv.url() {
-		t.Errorf("status of c: got %+v, want redis, held 0, remote 2, target %s", st, srv.url())
+	if st.Backend != "redis" || st.Held != 0 || st.Remote != 2 || st.Target != srv.URL() {
+		t.Errorf("status of c: got %+v, want redis, held 0, remote 2, target %s", st, srv.URL())
 	}
 }
 
@@ -73,14 +73,14 @@ func TestLateReleaseKeepsNewerHold(t *testing.T) {
 	srv := startRedis(t)
 	// A client that reconnects at once: its release and its new hold reach
 	// the write loop together, which writes the hold before the release.
-	a := newReplica(t, srv.url(), "a", "")
+	a := newReplica(t, srv.URL(), "a", "")
 	a.Hold("t")
 	old := a.epoch(t, "t")
 	a.Release("t")
 	a.Hold("t")
 	newer := a.holder(t, "t")
 	a.start(t)
-	b := runReplica(t, srv.url(), "b")
+	b := runReplica(t, srv.URL(), "b")
 
 	testutil.WaitFor(t, 5*time.Second, func() error { return holdersAre(b, "t", newer) })
 	// A release from the old epoch that comes later still (say from the
@@ -110,9 +110,9 @@ func TestLateReleaseKeepsNewerHold(t *testing.T) {
 // TTL.
 func TestDeadReplicaExpires(t *testing.T) {
 	srv := startRedis(t)
-	p := newPartition(t, srv.addr)
+	p := newPartition(t, srv.Addr)
 	a := runReplica(t, p.url(), "a")
-	b := runReplica(t, srv.url(), "b")
+	b := runReplica(t, srv.URL(), "b")
 	a.Hold("t")
 	ha := a.holder(t, "t")
 	testutil.WaitFor(t, 5*time.Second, func() error { return holdersAre(b, "t", ha) })
@@ -142,7 +142,7 @@ func TestDeadReplicaExpires(t *testing.T) {
 // back in every cache and in Redis.
 func TestOutageKeepsViewAndRecoversEmpty(t *testing.T) {
 	srv := startRedis(t)
-	p := newPartition(t, srv.addr)
+	p := newPartition(t, srv.Addr)
 	a := runReplica(t, p.url(), "a")
 	b := runReplica(t, p.url(), "b")
 	a.Hold("ta")
@@ -184,8 +184,7 @@ func TestOutageKeepsViewAndRecoversEmpty(t *testing.T) {
 		func() error { return holdersAre(a, "tb", hb) },
 	))
 
-	srv.kill()
-	srv.start() // empty: no persistence
+	srv.Restart() // empty: no persistence
 	p.heal()
 	ha2, hb2 := a.holder(t, "ta2"), b.holder(t, "tb2")
 	testutil.WaitFor(t, 10*testTTL, all(
@@ -222,7 +221,7 @@ func TestOutageKeepsViewAndRecoversEmpty(t *testing.T) {
 // answers again and its TTL has passed.
 func TestNoExpiryWhileRedisIsAway(t *testing.T) {
 	srv := startRedis(t)
-	pa, pb := newPartition(t, srv.addr), newPartition(t, srv.addr)
+	pa, pb := newPartition(t, srv.Addr), newPartition(t, srv.Addr)
 	a := runReplica(t, pa.url(), "a")
 	b := runReplica(t, pb.url(), "b")
 	a.Hold("t")
@@ -246,10 +245,10 @@ func TestNoExpiryWhileRedisIsAway(t *testing.T) {
 // rather than letting them live until the TTL.
 func TestRestartUnderSameIDDropsOldHolds(t *testing.T) {
 	srv := startRedis(t)
-	p := newPartition(t, srv.addr)
+	p := newPartition(t, srv.Addr)
 	long := func(c *Config) { c.TTL = time.Minute }
 	old := runReplica(t, p.url(), "a", long)
-	b := runReplica(t, srv.url(), "b", long)
+	b := runReplica(t, srv.URL(), "b", long)
 	old.Hold("t1")
 	old.Hold("t2")
 	testutil.WaitFor(t, 5*time.Second, all(
@@ -258,7 +257,7 @@ func TestRestartUnderSameIDDropsOldHolds(t *testing.T) {
 	))
 	p.cutOff() // the old process is gone without a word
 
-	a := newReplica(t, srv.url(), "a", "", long)
+	a := newReplica(t, srv.URL(), "a", "", long)
 	a.Hold("t2")
 	a.start(t)
 	testutil.WaitFor(t, 5*time.Second, all(
@@ -275,8 +274,8 @@ func TestRestartUnderSameIDDropsOldHolds(t *testing.T) {
 // beat, which says how many tunnels it holds.
 func TestBeatRepairsCache(t *testing.T) {
 	srv := startRedis(t)
-	a := runReplica(t, srv.url(), "a")
-	b := runReplica(t, srv.url(), "b")
+	a := runReplica(t, srv.URL(), "a")
+	b := runReplica(t, srv.URL(), "b")
 	a.Hold("t")
 	ha := a.holder(t, "t")
 	testutil.WaitFor(t, 5*time.Second, func() error { return holdersAre(b, "t", ha) })
@@ -294,8 +293,8 @@ func TestBeatRepairsCache(t *testing.T) {
 // tunnel, or when its context ends, and leaves nothing behind.
 func TestWaitForHold(t *testing.T) {
 	srv := startRedis(t)
-	a := runReplica(t, srv.url(), "a")
-	b := runReplica(t, srv.url(), "b")
+	a := runReplica(t, srv.URL(), "a")
+	b := runReplica(t, srv.URL(), "b")
 
 	done := make(chan error, 1)
 	go func() { done <- b.Wait(t.Context(), "t") }()
@@ -340,17 +339,17 @@ func TestPrefixesIsolateDeployments(t *testing.T) {
 	srv := startRedis(t)
 	ab := func(c *Config) { c.Prefix = "ab:" }
 	glob := func(c *Config) { c.Prefix = "a*:" }
-	x1 := runReplica(t, srv.url(), "x1", ab)
-	x2 := runReplica(t, srv.url(), "x2", ab)
+	x1 := runReplica(t, srv.URL(), "x1", ab)
+	x2 := runReplica(t, srv.URL(), "x2", ab)
 	x1.Hold("x")
 	testutil.WaitFor(t, 5*time.Second, func() error { return holdersAre(x2, "x", x1.holder(t, "x")) })
 
 	// y2 starts after x's key exists: its first scan would find it.
-	y1 := runReplica(t, srv.url(), "y1", glob)
+	y1 := runReplica(t, srv.URL(), "y1", glob)
 	y1.Hold("y")
-	y2 := runReplica(t, srv.url(), "y2", glob)
+	y2 := runReplica(t, srv.URL(), "y2", glob)
 	testutil.WaitFor(t, 5*time.Second, func() error { return holdersAre(y2, "y", y1.holder(t, "y")) })
-	x3 := runReplica(t, srv.url(), "x3", ab)
+	x3 := runReplica(t, srv.URL(), "x3", ab)
 	testutil.WaitFor(t, 5*time.Second, func() error { return holdersAre(x3, "x", x1.holder(t, "x")) })
 
 	for _, tc := range []struct {
@@ -376,12 +375,12 @@ func TestPrefixesIsolateDeployments(t *testing.T) {
 func TestHoldBeforeRun(t *testing.T) {
 	srv := startRedis(t)
 	long := func(c *Config) { c.TTL = time.Minute }
-	a := newReplica(t, srv.url(), "a", "", long)
+	a := newReplica(t, srv.URL(), "a", "", long)
 	for i := range 3 * batch / 2 { // more than one script call
 		a.Hold(fmt.Sprintf("t%d", i))
 	}
 	a.start(t)
-	b := runReplica(t, srv.url(), "b", long)
+	b := runReplica(t, srv.URL(), "b", long)
 	testutil.WaitFor(t, 5*time.Second, func() error {
 		if n := b.Status().Remote; n != 3*batch/2 {
 			return fmt.Errorf("b sees %d tunnels, want %d", n, 3*batch/2)

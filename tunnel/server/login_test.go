@@ -16,12 +16,13 @@ import (
 )
 
 // A login whose connection died on the way, before the gate noticed, does
-// not end the tunnel's working session: the new session is checked before
-// it replaces the old one.
+// not end the tunnel's working session, though it names the working
+// session's run ID: the new session is checked before it replaces the old
+// one.
 func TestLoginOnADeadConnectionKeepsTheWorkingSession(t *testing.T) {
 	s := startServer(t)
 	s.startClient(t, "alpha", backend(t, "alpha").URL)
-	working, ok := s.registry.Lookup("alpha")
+	working, ok := s.sessions.lookup("alpha")
 	if !ok {
 		t.Fatal("tunnel alpha not registered")
 	}
@@ -34,9 +35,10 @@ func TestLoginOnADeadConnectionKeepsTheWorkingSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	dead := newSession(newSessionID(), &countingConn{Conn: serverEnd}, mux, "tls", zap.NewNop())
-	s.tenancy.add(dead)
-	t.Cleanup(func() { s.tenancy.remove(dead) })
-	dead.startLogin("tether test", nil)
+	s.sessions.add(dead)
+	t.Cleanup(func() { s.sessions.leave(dead) })
+	routes := `["/=http://127.0.0.1:1"]`
+	dead.startLogin("tether test", &routes)
 	_ = clientEnd.Close()
 	testutil.WaitFor(t, 5*time.Second, func() error {
 		if !mux.IsClosed() {
@@ -49,11 +51,11 @@ func TestLoginOnADeadConnectionKeepsTheWorkingSession(t *testing.T) {
 	if rej != nil {
 		t.Fatal(rej)
 	}
-	err = s.tenancy.Login(dead.id, claims)
+	err = (&serving{Server: s.Server}).Login(dead.id, claims, working.RunID())
 	if rej, ok := errors.AsType[*auth.RejectError](err); !ok || rej.Reason != auth.ReasonSession {
 		t.Fatalf("login on a dead connection: got %v, want a session rejection", err)
 	}
-	if cur, ok := s.registry.Lookup("alpha"); !ok || cur != working {
+	if cur, ok := s.sessions.lookup("alpha"); !ok || cur != working {
 		t.Fatal("the login on a dead connection replaced the working session")
 	}
 	if reason := working.CloseReason(); reason != "" {

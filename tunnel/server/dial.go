@@ -1,0 +1,246 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	"github.com/hashicorp/yamux"
+
+	"github.com/tether-dev/tether/tunnel"
+)
+
+// How long a dial through a session may go unanswered before the server
+// asks, with a ping, whether the session is alive at all. A session whose
+// connection died silently (a NAT dropped it, the client's node froze) is
+// given up after dialAnswerBound + pingBound instead of after the heartbeat
+// timeout, and the request goes to another session of the tunnel; a live
+// session whose upstream is slow to accept is waited for as long as the
+// router's dial timeout allows.
+const (
+	dialAnswerBound = time.Second
+	pingBound       = time.Second
+	// suspectFor is how long a session that failed a ping is tried after
+	// the tunnel's other sessions.
+	suspectFor = 10 * time.Second
+)
+
+// dial connects to addr, one of the tether client's upstreams, through the
+// client: it opens a stream, asks the client to connect, and returns the
+// stream once the client has. It is the session router's DialContext.
+//
+// A failure of the session itself (no stream, no answer to the dial and
+// none to a ping, the session ended) is a *sessionDialError: nothing of the
+// request has reached the client, so the caller may send it through another
+// session. The client's own answers (refused, not found, ...) are errors of
+// the upstream, as a local dial's would be.
+func (s *Session) dial(ctx context.Context, _, addr string) (net.Conn, error) {
+	stream, err := s.mux.OpenStream()
+	if err != nil {
+		return nil, s.dialError("open a stream", err)
+	}
+	if !s.track(stream) {
+		_ = stream.Close()
+		return nil, s.dialError("open a stream", yamux.ErrSessionShutdown)
+	}
+	fail := func() {
+		_ = stream.Close()
+		s.untrack(stream)
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		_ = stream.SetDeadline(deadline)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = stream.SetDeadline(time.Now()) })
+	defer stop()
+	var state dialState
+	watch := time.AfterFunc(dialAnswerBound, func() { s.checkAnswer(stream, &state) })
+	code, msg, err := dialThrough(stream, addr)
+	answered := state.CompareAndSwap(dialWaiting, dialAnswered)
+	watch.Stop()
+	switch {
+	case !answered:
+		fail()
+		return nil, s.dialError("dial "+addr, errors.New("no answer, and no answer to a ping"))
+	case err != nil:
+		fail()
+		if !s.alive() {
+			return nil, s.dialError("dial "+addr, err)
+		}
+		if ctx.Err() != nil {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: ctx.Err()}
+		}
+		return nil, fmt.Errorf("dial %s through the tunnel: %w", addr, err)
+	case code != tunnel.DialOK:
+		fail()
+		return nil, dialFailure(addr, code, msg)
+	}
+	_ = stream.SetDeadline(time.Time{})
+	s.dialed.Add(1)
+	return &tunnelConn{Conn: stream, stream: stream, sess: s}, nil
+}
+
+// dialState is where a dial stands: the dial's answer and the liveness
+// check race to leave dialWaiting.
+type dialState = atomic.Int32
+
+const (
+	dialWaiting int32 = iota
+	dialAnswered
+	dialAbandoned
+)
+
+// checkAnswer runs when a dial has waited dialAnswerBound: it pings the
+// session and abandons the dial if no pong comes within pingBound.
+func (s *Session) checkAnswer(stream *yamux.Stream, state *dialState) {
+	if pingWithin(s.mux, pingBound) == nil {
+		return
+	}
+	if state.CompareAndSwap(dialWaiting, dialAbandoned) {
+		s.suspectUntil.Store(time.Now().Add(suspectFor).UnixNano())
+		_ = stream.SetDeadline(time.Now())
+	}
+}
+
+// pingWithin pings the session and waits at most d for the answer. yamux's
+// own Ping waits for its connection write timeout (two thirds of the
+// heartbeat timeout); a ping that outlives d ends with the session's.
+func pingWithin(mux *yamux.Session, d time.Duration) error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := mux.Ping()
+		done <- err
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return os.ErrDeadlineExceeded
+	}
+}
+
+func dialThrough(stream net.Conn, addr string) (tunnel.DialCode, string, error) {
+	if err := tunnel.WriteDialRequest(stream, addr); err != nil {
+		return 0, "", err
+	}
+	return tunnel.ReadDialReply(stream)
+}
+
+// dialFailure turns the client's answer into the error the router explains:
+// a net.OpError for what a local dial could have met.
+func dialFailure(addr string, code tunnel.DialCode, msg string) error {
+	var cause error
+	switch code {
+	case tunnel.DialRefused:
+		cause = syscall.ECONNREFUSED
+	case tunnel.DialNotFound:
+		host, _, _ := net.SplitHostPort(addr)
+		cause = &net.DNSError{Err: "no such host", Name: host, IsNotFound: true}
+	case tunnel.DialUnreachable:
+		cause = syscall.EHOSTUNREACH
+	case tunnel.DialTimeout:
+		cause = os.ErrDeadlineExceeded
+	case tunnel.DialNotAllowed:
+		return &notAllowedError{addr: addr, msg: msg}
+	default:
+		cause = errors.New(msg)
+	}
+	return &net.OpError{Op: "dial", Net: "tcp", Source: nil, Addr: nil, Err: cause}
+}
+
+// sessionDialError: a dial could not go through the session at all. The
+// request has not reached the client, so it may be sent through another
+// session; when there is none, the caller learns the tunnel disconnected.
+type sessionDialError struct {
+	tunnel, session, step string
+	err                   error
+}
+
+func (s *Session) dialError(step string, err error) *sessionDialError {
+	return &sessionDialError{tunnel: s.Tunnel(), session: s.id, step: step, err: err}
+}
+
+func (e *sessionDialError) Error() string {
+	return fmt.Sprintf("tunnel %q session %s: %s: %v", e.tunnel, e.session, e.step, e.err)
+}
+
+func (e *sessionDialError) Unwrap() error { return e.err }
+
+// Response implements proxy.ResponseError.
+func (e *sessionDialError) Response() (int, string, string) {
+	return (&tunnelClosedError{tunnel: e.tunnel}).Response()
+}
+
+// tunnelClosedError: the tunnel's session ended under a request.
+type tunnelClosedError struct{ tunnel string }
+
+func (e *tunnelClosedError) Error() string { return fmt.Sprintf("tunnel %q disconnected", e.tunnel) }
+
+// Response implements proxy.ResponseError.
+func (e *tunnelClosedError) Response() (int, string, string) {
+	return http.StatusBadGateway, "tunnel_disconnected",
+		fmt.Sprintf("tether: tunnel %q disconnected during the request; retry", e.tunnel)
+}
+
+// notAllowedError: the client refused an upstream it does not route to,
+// which means server and client disagree about the client's routes.
+type notAllowedError struct{ addr, msg string }
+
+func (e *notAllowedError) Error() string {
+	return fmt.Sprintf("the tunnel client refused to connect to %s: %s", e.addr, e.msg)
+}
+
+// Response implements proxy.ResponseError.
+func (e *notAllowedError) Response() (int, string, string) {
+	return http.StatusBadGateway, "upstream_not_allowed",
+		fmt.Sprintf("tether: the tunnel client refused to connect to %s: it is not one of its routes", e.addr)
+}
+
+// tunnelConn is a dialed upstream connection inside the session. Once the
+// session has ended, its errors say so, so that the router answers "tunnel
+// disconnected" rather than blaming the upstream.
+type tunnelConn struct {
+	net.Conn
+	stream *yamux.Stream
+	sess   *Session
+	once   sync.Once
+}
+
+func (c *tunnelConn) Close() error {
+	err := c.Conn.Close()
+	c.once.Do(func() {
+		c.sess.untrack(c.stream)
+		c.sess.dialed.Add(-1)
+	})
+	return err
+}
+
+func (c *tunnelConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	return n, c.explain(err)
+}
+
+func (c *tunnelConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	return n, c.explain(err)
+}
+
+func (c *tunnelConn) explain(err error) error {
+	if err == nil {
+		return err
+	}
+	select {
+	case <-c.sess.Done():
+		return &tunnelClosedError{tunnel: c.sess.Tunnel()}
+	default:
+		return err
+	}
+}

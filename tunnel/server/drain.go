@@ -1,0 +1,130 @@
+package server
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"go.uber.org/zap"
+
+	"github.com/tether-dev/tether/tunnel"
+)
+
+// How a draining replica lets its clients move.
+const (
+	// moveTick is how often a drain looks at what moved.
+	moveTick = 100 * time.Millisecond
+	// retireGrace is how long a retired session stays open after its
+	// tunnel was released in the registry, so that replicas which read the
+	// registry before the release still find it.
+	retireGrace = 500 * time.Millisecond
+)
+
+// drain shuts the server down without losing a request.
+//
+// Readiness fails at once, so that load balancers stop sending, and no new
+// tunnel client is accepted. With replicas to move to (a shared registry),
+// every tether client is told to move (a move notice): it opens a
+// replacement session, which lands on another replica, and keeps the old one
+// meanwhile. A tunnel served elsewhere is retired here: released in the
+// registry, so that no replica forwards it here any more, and its sessions
+// here take no new request (requests that still arrive here are forwarded to
+// its new replica); each closes once its last request has ended. Stock frpc
+// clients, which cannot be told, close when the tether clients have moved.
+// Then in-flight requests, forwarded ones included, get what is left of
+// ShutdownTimeout to finish, and the sessions that remain close.
+func (s *serving) drain(tunnelLn net.Listener, entrySrv, peerSrv *http.Server) {
+	s.draining.Store(true)
+	_ = tunnelLn.Close()
+	deadline := time.Now().Add(s.cfg.ShutdownTimeout)
+	s.log.Info("draining", zap.Duration("timeout", s.cfg.ShutdownTimeout), zap.Int("sessions", len(s.sessions.list())))
+	if s.registry.Status().Backend != "memory" { // there may be replicas to move to
+		s.moveClients(deadline)
+	}
+	ctx, cancel := context.WithDeadline(context.Background(), deadline)
+	defer cancel()
+	var wg sync.WaitGroup
+	for _, srv := range []*http.Server{entrySrv, peerSrv} {
+		if srv == nil {
+			continue
+		}
+		wg.Go(func() {
+			if err := srv.Shutdown(ctx); err != nil {
+				s.log.Warn("in-flight requests did not finish in time; closing them", zap.Error(err))
+				_ = srv.Close()
+			}
+		})
+	}
+	wg.Wait()
+	for _, sess := range s.sessions.all() {
+		sess.Close("server shutting down")
+	}
+	s.conns.Wait()
+	s.notices.Wait()
+}
+
+// moveClients tells the tether clients to move and closes each session here
+// once its tunnel is served elsewhere and its requests have ended. It
+// returns when no session is left, or when only stock frpc sessions and
+// sessions that cannot move are, or at half the time to deadline: the
+// other half is for in-flight requests.
+func (s *serving) moveClients(deadline time.Time) {
+	for _, sess := range s.sessions.list() {
+		if !sess.stock() {
+			s.notify(sess, tunnel.NoticeMove)
+		}
+	}
+	giveUp := time.Now().Add(time.Until(deadline) / 2)
+	retiredAt := make(map[string]time.Time)
+	t := time.NewTicker(moveTick)
+	defer t.Stop()
+	for {
+		waiting := false
+		for _, name := range s.sessions.tunnelNames() {
+			sessions := s.sessions.sessionsOf(name)
+			at, retired := retiredAt[name]
+			if !retired && len(s.registry.Holders(name)) > 0 {
+				s.sessions.retire(name)
+				retiredAt[name], at, retired = time.Now(), time.Now(), true
+				s.log.Info("tunnel moved to another replica; its sessions here close once their requests end",
+					zap.String("tunnel", name), zap.Int("sessions", len(sessions)))
+			}
+			if !retired {
+				// Not served elsewhere (yet): a tether client is on its
+				// way; a stock frpc cannot be told.
+				waiting = waiting || !allStock(sessions)
+				continue
+			}
+			for _, sess := range sessions {
+				if time.Since(at) >= retireGrace && idle(sess) {
+					sess.Close("moved to another replica")
+					continue
+				}
+				sess.closeIdle()
+				waiting = true
+			}
+		}
+		if !waiting || time.Now().After(giveUp) {
+			return
+		}
+		<-t.C
+	}
+}
+
+// idle reports whether no request is in flight on a session: no stream the
+// server dialed through it (a tether client), no frp work connection (a
+// stock frpc: its control stream is its one stream then).
+func idle(sess *Session) bool {
+	return sess.dialed.Load() == 0 && sess.clientStreams.Load() <= 1
+}
+
+func allStock(sessions []*Session) bool {
+	for _, s := range sessions {
+		if !s.stock() {
+			return false
+		}
+	}
+	return true
+}

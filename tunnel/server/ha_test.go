@@ -1,0 +1,671 @@
+package server
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptrace"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zaptest"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel/client"
+)
+
+// runClient runs a tether client for tunnel name against server (a tunnel
+// address, or a balancer's) with the given connections, whose "/" route
+// goes to upstream. It returns a function that stops the client.
+func (s *testServer) runClient(t testing.TB, name, server string, connections int, upstream string) (stop func()) {
+	t.Helper()
+	tokenFile := filepath.Join(t.TempDir(), "token")
+	writeFile(t, tokenFile, s.keys.token(t, name, time.Hour))
+	route, err := proxy.ParseRoute("/=" + upstream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(client.Config{
+		Server: server, TokenFile: tokenFile, Routes: []proxy.Route{route}, Connections: connections,
+		TLSInsecureSkipVerify: true, Proxy: "direct",
+	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Serve(ctx, nil) }()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("client Serve: %v", err)
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop
+}
+
+// waitSessions waits until tunnel name has n sessions serving here.
+func (s *testServer) waitSessions(t testing.TB, name string, n int) []*Session {
+	t.Helper()
+	var serving []*Session
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		serving = nil
+		for _, sess := range s.sessions.sessionsOf(name) {
+			if _, ok := sess.serving(); ok {
+				serving = append(serving, sess)
+			}
+		}
+		if len(serving) != n {
+			return fmt.Errorf("tunnel %s has %d sessions serving, want %d", name, len(serving), n)
+		}
+		return nil
+	})
+	return serving
+}
+
+// relay is a TCP relay to target whose connections can all be frozen
+// (nothing passes, nothing closes) or cut.
+type relay struct {
+	ln     net.Listener
+	target string
+	frozen atomic.Bool
+	mu     sync.Mutex
+	conns  []net.Conn
+}
+
+func newRelay(t testing.TB, target string) *relay {
+	r := &relay{ln: listen(t), target: target}
+	go r.accept()
+	t.Cleanup(func() { _ = r.ln.Close(); r.cut() })
+	return r
+}
+
+func (r *relay) addr() string { return r.ln.Addr().String() }
+
+func (r *relay) accept() {
+	for {
+		in, err := r.ln.Accept()
+		if err != nil {
+			return
+		}
+		out, err := net.Dial("tcp", r.target)
+		if err != nil {
+			_ = in.Close()
+			continue
+		}
+		r.mu.Lock()
+		r.conns = append(r.conns, in, out)
+		r.mu.Unlock()
+		go r.pump(in, out)
+		go r.pump(out, in)
+	}
+}
+
+func (r *relay) pump(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !r.frozen.Load() { // frozen: swallowed, the path is dark
+
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			_ = dst.Close()
+			return
+		}
+	}
+}
+
+// cut closes every relayed connection.
+func (r *relay) cut() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, c := range r.conns {
+		_ = c.Close()
+	}
+	r.conns = nil
+}
+
+// Requests are spread over the sessions of a tunnel; a client with two
+// connections to a lone server keeps both there.
+func TestRequestsSpreadOverSessions(t *testing.T) {
+	s := startServer(t)
+	s.runClient(t, "alpha", s.tunnel, 2, backend(t, "alpha").URL)
+	sessions := s.waitSessions(t, "alpha", 2)
+	for range 20 {
+		if code, body, _ := s.get(t, "alpha", "/"); code != http.StatusOK {
+			t.Fatalf("got %d %s", code, body)
+		}
+	}
+	for _, sess := range sessions {
+		if n := sess.Info().Requests; n < 5 {
+			t.Errorf("session %s served %d of 20 requests, want them spread over both", sess.id, n)
+		}
+	}
+	// The server told the client it is the only replica: its two
+	// connections did not reconnect to look for another.
+	if got := promtest.ToFloat64(s.metrics.loginsAccepted); got != 2 {
+		t.Errorf("tether_logins_accepted_total = %v, want 2: one per connection", got)
+	}
+}
+
+// A session whose path went dark (nothing passes, nothing closes) costs a
+// request a few seconds at most while another session serves the tunnel:
+// a dial through it is given up after a ping goes unanswered, and a
+// request written on one of its pooled streams is freed when the session
+// closes for its silence.
+func TestSilentSessionIsPassedOver(t *testing.T) {
+	s := startServer(t)
+	be := backend(t, "alpha")
+	r := newRelay(t, s.tunnel)
+	s.runClient(t, "alpha", r.addr(), 1, be.URL)
+	s.waitSessions(t, "alpha", 1)
+	s.runClient(t, "alpha", s.tunnel, 1, be.URL)
+	s.waitSessions(t, "alpha", 2)
+	for range 10 { // both sessions have pooled streams now
+		if code, body, _ := s.get(t, "alpha", "/"); code != http.StatusOK {
+			t.Fatalf("got %d %s", code, body)
+		}
+	}
+
+	r.frozen.Store(true)
+	frozen := time.Now()
+	var slowest time.Duration
+	for i := range 20 {
+		start := time.Now()
+		if code, body, _ := s.get(t, "alpha", "/"); code != http.StatusOK {
+			t.Fatalf("request %d after the freeze: %d %s", i, code, body)
+		}
+		slowest = max(slowest, time.Since(start))
+	}
+	t.Logf("20 requests after the freeze, the slowest took %v", slowest.Round(time.Millisecond))
+	if bound := silenceBound + silencePing + 2*time.Second; slowest > bound {
+		t.Errorf("a request took %v, want at most %v: it waited on the silent session", slowest, bound)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if len(s.sessions.sessionsOf("alpha")) != 1 {
+			return errors.New("the silent session is still open")
+		}
+		return nil
+	})
+	t.Logf("the silent session closed %v after the freeze", time.Since(frozen).Round(time.Millisecond))
+	if got := promtest.ToFloat64(s.metrics.sessionsSilent); got != 1 {
+		t.Errorf("tether_sessions_silent_total = %v, want 1", got)
+	}
+}
+
+// A request whose session breaks before the request reached it goes
+// through another session: a client killed under steady traffic costs no
+// request.
+func TestRequestsSurviveALostSession(t *testing.T) {
+	s := startServer(t)
+	be := backend(t, "alpha")
+	r := newRelay(t, s.tunnel)
+	s.runClient(t, "alpha", r.addr(), 1, be.URL)
+	s.waitSessions(t, "alpha", 1)
+	s.runClient(t, "alpha", s.tunnel, 1, be.URL)
+	s.waitSessions(t, "alpha", 2)
+
+	var failed, served atomic.Int32
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				req, _ := http.NewRequest(http.MethodGet, s.entry+"/", nil)
+				req.Host = "alpha." + testDomain
+				res, err := http.DefaultClient.Do(req)
+				if err != nil || res.StatusCode != http.StatusOK {
+					failed.Add(1)
+				} else {
+					served.Add(1)
+				}
+				if err == nil {
+					_, _ = io.Copy(io.Discard, res.Body)
+					_ = res.Body.Close()
+				}
+			}
+		})
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error { // traffic on both sessions before the cut
+		if n := served.Load(); n < 100 {
+			return fmt.Errorf("%d requests served", n)
+		}
+		return nil
+	})
+	r.cut()
+	atCut := served.Load()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if len(s.sessions.sessionsOf("alpha")) != 1 {
+			return errors.New("the lost session is still listed")
+		}
+		if n := served.Load() - atCut; n < 100 {
+			return fmt.Errorf("%d requests served since the cut", n)
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	t.Logf("%d requests served, %d failed", served.Load(), failed.Load())
+	if n := failed.Load(); n != 0 {
+		t.Errorf("%d requests failed around the lost session, want none", n)
+	}
+}
+
+// startReplica starts a replica of fleet f named id, with a peer listener.
+func startReplica(t testing.TB, f *fleet, k *keys, id string, mutate ...func(*Config)) *testServer {
+	t.Helper()
+	secret := filepath.Join(t.TempDir(), "peer-secret")
+	writeFile(t, secret, peerSecretForTests)
+	peer := listen(t)
+	reg := f.replica(id, peer.Addr().String())
+	return startServerWith(t, serverSetup{keys: k, log: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), opts: []Option{WithRegistry(reg)}, peer: peer},
+		append([]func(*Config){func(c *Config) { c.ReplicaID, c.PeerSecretFile = id, secret }}, mutate...)...)
+}
+
+const peerSecretForTests = "fleet-secret-0123456789"
+
+// A replica forwards a request for a tunnel it does not serve to the one
+// that does: the answer, the caller's address in X-Forwarded-For, and a
+// streamed response pass as they do locally.
+func TestForwardBetweenReplicas(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	b := startReplica(t, f, k, "b")
+	release := make(chan struct{})
+	be := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/stream" {
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: first\n\n")
+			w.(http.Flusher).Flush()
+			<-release
+			_, _ = io.WriteString(w, "data: second\n\n")
+			return
+		}
+		fmt.Fprintf(w, "alpha %s xff=%s peer-auth=%q", r.URL.Path, r.Header.Get("X-Forwarded-For"), r.Header.Get(peerAuthHeader))
+	}))
+	a.runClient(t, "alpha", a.tunnel, 1, be.URL)
+	a.waitSessions(t, "alpha", 1)
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if len(b.registry.Holders("alpha")) != 1 {
+			return errors.New("replica b does not see alpha's holder")
+		}
+		return nil
+	})
+
+	code, body, _ := b.get(t, "alpha", "/x")
+	if code != http.StatusOK || body != `alpha /x xff=127.0.0.1 peer-auth=""` {
+		t.Errorf("through replica b: %d %q, want alpha's answer, the caller's address and no peer secret", code, body)
+	}
+	if got := promtest.ToFloat64(b.metrics.forwarded.WithLabelValues("ok")); got != 1 {
+		t.Errorf("b: tether_peer_forwarded_total{result=ok} = %v, want 1", got)
+	}
+	if got := promtest.ToFloat64(a.metrics.peerServed); got != 1 {
+		t.Errorf("a: tether_peer_requests_total = %v, want 1", got)
+	}
+
+	// A streamed answer arrives as it is written, not when it ends.
+	req, _ := http.NewRequest(http.MethodGet, b.entry+"/stream", nil)
+	req.Host = "alpha." + testDomain
+	res, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	line, err := bufio.NewReader(res.Body).ReadString('\n')
+	if err != nil || line != "data: first\n" {
+		t.Fatalf("first event: %q, %v", line, err)
+	}
+	close(release)
+	rest, _ := io.ReadAll(res.Body)
+	if !strings.Contains(string(rest), "data: second") {
+		t.Errorf("the rest of the stream: %q", rest)
+	}
+}
+
+// The peer port serves only requests signed with the shared secret, for
+// their own method, host and target, recently: others never reach a tunnel,
+// and are counted. The secret itself is no signature.
+func TestPeerRequiresTheSecret(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	var reached atomic.Int32
+	be := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { reached.Add(1) }))
+	a.runClient(t, "alpha", a.tunnel, 1, be.URL)
+	a.waitSessions(t, "alpha", 1)
+
+	peer := "http://" + a.cfg.PeerAdvertiseAddr
+	host := "alpha." + testDomain
+	secret := []byte(peerSecretForTests)
+	for _, c := range []struct{ name, auth string }{
+		{"no signature", ""},
+		{"the secret itself", peerSecretForTests},
+		{"another secret", signPeer([]byte("another"), time.Now(), "GET", host, "/")},
+		{"another path", signPeer(secret, time.Now(), "GET", host, "/admin")},
+		{"another host", signPeer(secret, time.Now(), "GET", "beta."+testDomain, "/")},
+		{"another method", signPeer(secret, time.Now(), "POST", host, "/")},
+		{"too old", signPeer(secret, time.Now().Add(-2*peerSignatureSkew), "GET", host, "/")},
+		{"from the future", signPeer(secret, time.Now().Add(2*peerSignatureSkew), "GET", host, "/")},
+		{"garbled", "v1 x y"},
+	} {
+		req, _ := http.NewRequest(http.MethodGet, peer+"/", nil)
+		req.Host = host
+		if c.auth != "" {
+			req.Header.Set(peerAuthHeader, c.auth)
+		}
+		if code, _, h := do(t, req); code != http.StatusForbidden || h.Get(proxy.ErrorHeader) != "peer_forbidden" {
+			t.Errorf("%s: %d %q, want 403 peer_forbidden", c.name, code, h.Get(proxy.ErrorHeader))
+		}
+	}
+	conn, err := net.Dial("tcp", a.cfg.PeerAdvertiseAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = conn.Write([]byte("\x16\x03\x01garbage that is no request\r\n\r\n"))
+	_ = conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	answer, _ := io.ReadAll(conn)
+	_ = conn.Close()
+	if strings.Contains(string(answer), " 200 ") {
+		t.Errorf("garbage on the peer port got %q", answer)
+	}
+	if n := reached.Load(); n != 0 {
+		t.Errorf("%d requests without the secret reached the tunnel", n)
+	}
+	if got := promtest.ToFloat64(a.metrics.peerRefused); got != 9 {
+		t.Errorf("tether_peer_refused_total = %v, want 9", got)
+	}
+
+	req, _ := http.NewRequest(http.MethodGet, peer+"/", nil)
+	req.Host = host
+	req.Header.Set(peerAuthHeader, signPeer(secret, time.Now(), "GET", host, "/"))
+	if code, body, _ := do(t, req); code != http.StatusOK || reached.Load() != 1 {
+		t.Errorf("with the secret: %d %q, reached %d; want 200 from the tunnel", code, body, reached.Load())
+	}
+}
+
+// A holder that cannot be connected to (it died, and the registry has not
+// noticed yet) is passed over for one that can.
+func TestForwardSkipsADeadHolder(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	b := startReplica(t, f, k, "b")
+	a.runClient(t, "alpha", a.tunnel, 1, backend(t, "alpha").URL)
+	a.waitSessions(t, "alpha", 1)
+	dead := f.replica("0-dead", testutil.ClosedAddr(t))
+	dead.Hold("alpha")
+	if got := len(b.registry.Holders("alpha")); got != 2 {
+		t.Fatalf("b sees %d holders, want the dead one and a", got)
+	}
+	for i := range 4 {
+		if code, body, _ := b.get(t, "alpha", "/"); code != http.StatusOK {
+			t.Fatalf("request %d: %d %s", i, code, body)
+		}
+	}
+	if got := promtest.ToFloat64(b.metrics.forwarded.WithLabelValues("unreachable")); got < 1 {
+		t.Errorf("tether_peer_forwarded_total{result=unreachable} = %v, want the dead holder tried at least once", got)
+	}
+}
+
+// A request for a tunnel no replica serves waits a moment for one: a client
+// that is reconnecting gets it; otherwise 503 tunnel_down, quickly.
+func TestRequestWaitsForAReconnectingClient(t *testing.T) {
+	s := startServer(t)
+	start := time.Now()
+	code, _, h := s.get(t, "alpha", "/")
+	if took := time.Since(start); code != http.StatusServiceUnavailable || h.Get(proxy.ErrorHeader) != "tunnel_down" || took > tunnelWait+time.Second {
+		t.Errorf("no client: %d %q after %v, want 503 tunnel_down within %v", code, h.Get(proxy.ErrorHeader), took, tunnelWait+time.Second)
+	}
+
+	type result struct {
+		code int
+		body string
+	}
+	done := make(chan result, 1)
+	wrote := make(chan struct{})
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, s.entry+"/", nil)
+		req.Host = "alpha." + testDomain
+		req = req.WithContext(httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+			WroteRequest: func(httptrace.WroteRequestInfo) { close(wrote) },
+		}))
+		code, body, _ := do(t, req)
+		done <- result{code, body}
+	}()
+	<-wrote // the request is at the entry, waiting, when the client comes
+	s.runClient(t, "alpha", s.tunnel, 1, backend(t, "alpha").URL)
+	r := <-done
+	if r.code != http.StatusOK || !strings.HasPrefix(r.body, "alpha /") {
+		t.Errorf("a request made while the client connected: %d %q, want alpha's answer", r.code, r.body)
+	}
+}
+
+// balancer is a round-robin TCP balancer in front of the replicas' tunnel
+// ports: each connection goes to the next target that accepts it, as an L4
+// load balancer retries elsewhere.
+type balancer struct {
+	ln      net.Listener
+	targets []string
+	next    atomic.Uint32
+}
+
+func newBalancer(t testing.TB, targets ...string) *balancer {
+	b := &balancer{ln: listen(t), targets: targets}
+	var conns sync.WaitGroup
+	go func() {
+		for {
+			in, err := b.ln.Accept()
+			if err != nil {
+				return
+			}
+			conns.Go(func() { b.serve(in) })
+		}
+	}()
+	t.Cleanup(func() { _ = b.ln.Close(); conns.Wait() })
+	return b
+}
+
+func (b *balancer) addr() string { return b.ln.Addr().String() }
+
+func (b *balancer) serve(in net.Conn) {
+	defer in.Close()
+	start := int(b.next.Add(1))
+	for i := range b.targets {
+		out, err := net.DialTimeout("tcp", b.targets[(start+i)%len(b.targets)], time.Second)
+		if err != nil {
+			continue
+		}
+		defer out.Close()
+		done := make(chan struct{}, 2)
+		go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+		go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+		<-done
+		return
+	}
+}
+
+// A replica that drains loses no request: its client moves to another
+// replica (make-before-break), requests forwarded to it finish, and once the
+// tunnel is served elsewhere no new request reaches it.
+func TestDrainMovesClientsWithoutLosingRequests(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	shutdown := func(c *Config) { c.ShutdownTimeout = 10 * time.Second }
+	a := startReplica(t, f, k, "a", shutdown)
+	b := startReplica(t, f, k, "b", shutdown)
+	lb := newBalancer(t, a.tunnel, b.tunnel)
+	b.runClient(t, "alpha", lb.addr(), 1, backend(t, "alpha").URL)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if len(a.sessions.sessionsOf("alpha"))+len(b.sessions.sessionsOf("alpha")) != 1 {
+			return errors.New("alpha has no session yet")
+		}
+		return nil
+	})
+	// Drain the replica that holds the session; requests go through the
+	// other, which forwards them until the session has moved to it.
+	holder, other := a, b
+	if len(b.sessions.sessionsOf("alpha")) == 1 {
+		holder, other = b, a
+	}
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if len(other.registry.Holders("alpha")) != 1 {
+			return errors.New("the other replica does not see the holder")
+		}
+		return nil
+	})
+
+	var failed, served atomic.Int32
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				code, body := getQuietly(other.entry, "alpha")
+				if code != http.StatusOK {
+					failed.Add(1)
+					t.Errorf("during the drain: %d %s", code, body)
+					continue
+				}
+				served.Add(1)
+			}
+		})
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if served.Load() < 50 {
+			return errors.New("warming up")
+		}
+		return nil
+	})
+	drained := time.Now()
+	holder.stop()
+	took := time.Since(drained)
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if len(other.sessions.sessionsOf("alpha")) != 1 {
+			return errors.New("the session has not moved to the other replica")
+		}
+		return nil
+	})
+	atDrained := served.Load()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if served.Load() < atDrained+50 {
+			return errors.New("serving after the drain")
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	t.Logf("drain took %v; %d requests served, %d failed", took.Round(time.Millisecond), served.Load(), failed.Load())
+	if took > 5*time.Second {
+		t.Errorf("the drain took %v, want the client to move within seconds", took)
+	}
+}
+
+// getQuietly sends GET / for tunnel name to entry and returns the status
+// and body; a transport error is status 0.
+func getQuietly(entry, name string) (int, string) {
+	req, _ := http.NewRequest(http.MethodGet, entry+"/", nil)
+	req.Host = name + "." + testDomain
+	res, err := (&http.Client{Timeout: 10 * time.Second}).Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b)
+}
+
+// Through a replica that forwards, a websocket upgrade and a large upload
+// pass as they do locally.
+func TestForwardedWebsocketAndLargeBody(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	b := startReplica(t, f, k, "b")
+	be := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "websocket" {
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+			_ = brw.Flush()
+			_, _ = io.Copy(conn, brw) // echo until the caller closes
+			return
+		}
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "received %d bytes, %v", n, err)
+	}))
+	a.runClient(t, "alpha", a.tunnel, 1, be.URL)
+	a.waitSessions(t, "alpha", 1)
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if len(b.registry.Holders("alpha")) != 1 {
+			return errors.New("replica b does not see alpha's holder")
+		}
+		return nil
+	})
+
+	const size = 16 << 20
+	req, _ := http.NewRequest(http.MethodPost, b.entry+"/upload", io.LimitReader(zeroes{}, size))
+	req.Host = "alpha." + testDomain
+	req.ContentLength = size
+	if code, body, _ := do(t, req); code != http.StatusOK || body != fmt.Sprintf("received %d bytes, <nil>", size) {
+		t.Errorf("a 16 MiB upload through replica b: %d %q", code, body)
+	}
+
+	conn, err := net.Dial("tcp", strings.TrimPrefix(b.entry, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	_, _ = io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: alpha."+testDomain+"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
+	br := bufio.NewReader(conn)
+	res, err := http.ReadResponse(br, nil)
+	if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
+		t.Fatalf("upgrade through replica b: %v %v", res, err)
+	}
+	for _, msg := range []string{"ping one", "ping two"} {
+		if _, err := io.WriteString(conn, msg); err != nil {
+			t.Fatal(err)
+		}
+		got := make([]byte, len(msg))
+		if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
+			t.Fatalf("echo of %q through the upgraded connection: %q, %v", msg, got, err)
+		}
+	}
+}
+
+// zeroes is an endless reader of zero bytes.
+type zeroes struct{}
+
+func (zeroes) Read(p []byte) (int, error) {
+	clear(p)
+	return len(p), nil
+}
