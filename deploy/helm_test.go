@@ -649,6 +649,16 @@ func TestClientDeployment(t *testing.T) {
 	}
 }
 
+// TestClientRollsWithoutDowntime: by default a client update starts the new
+// pod before the old one stops; the server serves both side by side.
+func TestClientRollsWithoutDowntime(t *testing.T) {
+	d := clientChart.mustTemplate(t, nil).deployment(t)
+	ru := d.Spec.Strategy.RollingUpdate
+	if d.Spec.Strategy.Type != "RollingUpdate" || ru == nil || ru.MaxUnavailable.IntValue() != 0 || ru.MaxSurge.IntValue() != 1 {
+		t.Errorf("strategy %+v; want RollingUpdate with maxUnavailable 0, maxSurge 1", d.Spec.Strategy)
+	}
+}
+
 // TestClientDefaultRoutesAreTheAdapters: without route values the client
 // serves what `tether client --help` lists as the built-in adapters.
 func TestClientDefaultRoutesAreTheAdapters(t *testing.T) {
