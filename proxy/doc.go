@@ -73,14 +73,24 @@
 //
 // Upstreams sharing a scheme, dial address and TLS setting share one pool
 // of keep-alive HTTP/1.1 connections (through the tunnel, streams of the
-// session), with many idle connections kept per upstream.
+// session): up to 256 idle ones per upstream, each closed after 30s unused,
+// so that an idle tunnel holds no streams. A connection returns to the pool
+// only when its response was read to the end. The router speaks HTTP/1.1 on
+// them itself, with no goroutine per connection: a request costs its own
+// goroutine, and one more while a request body streams.
+//
+// A request that is safe to repeat (GET, HEAD, OPTIONS, TRACE, or with an
+// Idempotency-Key; no body) and fails on a kept-alive connection before any
+// byte of the response is sent once more on a new connection: the upstream
+// may have closed the idle connection as the request went out. Nothing else
+// is repeated.
 //
 // # What it does not do
 //
 // It does not authenticate or authorize: the server's public entry has
 // already matched the request's host to this tunnel, and only to it. It does
-// not retry, balance between upstreams, rewrite response bodies or
-// redirects, or speak HTTP/2 to upstreams. It does not run health checks;
+// not balance between upstreams, rewrite response bodies or redirects, or
+// speak HTTP/2 to upstreams. It does not run health checks;
 // Route.HealthURL tells diagnostics where they are. It never imports the
 // tunnel engine: the stream it dials through comes in as a DialFunc.
 package proxy

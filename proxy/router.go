@@ -54,7 +54,7 @@ type Router struct {
 	log        *zap.Logger
 	routes     []*route // longest prefix first
 	given      []Route  // as given to NewRouter, normalized
-	transports []*http.Transport
+	transports []*transport
 	unmatched  *routeMetrics // nil without metrics
 }
 
@@ -112,7 +112,7 @@ func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 	bufs := &bufferPool{}
 
 	r := &Router{log: log, given: given}
-	byKey := make(map[transportKey]*http.Transport)
+	byKey := make(map[transportKey]*transport)
 	for _, g := range given {
 		k := keyOf(g)
 		t, ok := byKey[k]
@@ -225,7 +225,7 @@ func (r *Router) Routes() []Route {
 // called more than once.
 func (r *Router) Close() {
 	for _, t := range r.transports {
-		t.CloseIdleConnections()
+		t.closeIdle()
 	}
 }
 
