@@ -57,13 +57,19 @@
 // that; CONNECT is refused. The router is never an open proxy into the
 // cluster, and the client's check of the dial address makes sure of it.
 //
-// Bodies stream in both directions, without buffering: every write is
-// flushed at once (server-sent events, watch streams), websocket upgrades
-// pass through, and an upstream may answer while the request body still
-// streams in. Hop-by-hop headers are dropped (Upgrade is kept for websocket
-// only). X-Forwarded-For, -Host and -Proto are trusted as the server's public
-// entry set them and passed on unchanged; X-Forwarded-Prefix is set when the prefix
-// is stripped; the upstream sees its own Host.
+// Bodies stream in both directions, without buffering: every write of a
+// stream is flushed at once (server-sent events, bodies of unknown length:
+// watch streams, long polls), websocket upgrades pass through, and an
+// upstream may answer while the request body still streams in. 1xx
+// responses (100 Continue, 103 Early Hints) and trailers pass through.
+// Hop-by-hop headers are dropped (Upgrade is kept for websocket only), and
+// so are Forwarded and Proxy-* from the caller. X-Forwarded-For, -Host and
+// -Proto are trusted as the server's public entry set them and passed on
+// unchanged; X-Forwarded-Prefix is set when the prefix is stripped; the
+// upstream sees its own Host. Query parameters that Go's server cannot
+// parse (";" separators, bad escapes) are dropped, as
+// httputil.ReverseProxy does, so that the upstream cannot read the query
+// differently from the router.
 //
 // When the router answers instead of the upstream, the response is one short
 // line of text and the ErrorHeader header holds a code: 502 when the

@@ -7,9 +7,8 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
-	"net/textproto"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -110,7 +109,7 @@ func newRequest(t *testing.T, method, path string, body io.Reader) *http.Request
 // fetch sends req and reads the whole response body.
 func fetch(t *testing.T, tr *transport, req *http.Request) (*http.Response, string, error) {
 	t.Helper()
-	res, err := tr.roundTrip(req, 0)
+	res, err := tr.roundTrip(req, 0, nil)
 	if err != nil {
 		return nil, "", err
 	}
@@ -147,7 +146,7 @@ func TestTransportReuse(t *testing.T) {
 				return tc.response
 			}))
 			tr := up.transport(t)
-			res, err := tr.roundTrip(newRequest(t, cmp(tc.method, http.MethodGet), "/first", nil), 0)
+			res, err := tr.roundTrip(newRequest(t, cmp(tc.method, http.MethodGet), "/first", nil), 0, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -432,7 +431,7 @@ func TestTransportHeaderTimeout(t *testing.T) {
 					body = &slowBody{d: tc.upload}
 				}
 				start := time.Now()
-				res, err := up.transport(t).roundTrip(newRequest(t, http.MethodPost, "/", body), timeout)
+				res, err := up.transport(t).roundTrip(newRequest(t, http.MethodPost, "/", body), timeout, nil)
 				if elapsed := time.Since(start); elapsed != tc.elapsed {
 					t.Errorf("roundTrip took %s, want %s", elapsed, tc.elapsed)
 				}
@@ -476,7 +475,7 @@ func TestTransportCancel(t *testing.T) {
 				ctx, cancel := context.WithCancel(t.Context())
 				req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://up/", nil)
 				time.AfterFunc(time.Second, cancel)
-				res, err := tr.roundTrip(req, time.Minute)
+				res, err := tr.roundTrip(req, time.Minute, nil)
 				if during == "body" {
 					if err != nil {
 						t.Fatal(err)
@@ -497,23 +496,21 @@ func TestTransportCancel(t *testing.T) {
 }
 
 func TestTransportInformational(t *testing.T) {
-	t.Run("103 passed to the trace", func(t *testing.T) {
+	t.Run("103 passed on", func(t *testing.T) {
 		up := newPipeUpstream(t, serveAll(func(*http.Request, string) string {
 			return "HTTP/1.1 103 Early Hints\r\nLink: </app.css>; rel=preload\r\n\r\n" + okResponse
 		}))
-		var hints []string
-		trace := &httptrace.ClientTrace{Got1xxResponse: func(code int, h textproto.MIMEHeader) error {
-			hints = append(hints, http.StatusText(code)+" "+h.Get("Link"))
-			return nil
-		}}
-		req := newRequest(t, http.MethodGet, "/", nil)
-		req = req.WithContext(httptrace.WithClientTrace(req.Context(), trace))
-		res, body, err := fetch(t, up.transport(t), req)
-		if err != nil || res.StatusCode != http.StatusOK || body != "ok" {
-			t.Fatalf("got %v %q, %v; want 200 ok", res, body, err)
+		w := &informedWriter{h: http.Header{}}
+		res, err := up.transport(t).roundTrip(newRequest(t, http.MethodGet, "/", nil), 0, w)
+		if err != nil || res.StatusCode != http.StatusOK {
+			t.Fatalf("got %v, %v; want 200", res, err)
 		}
-		if want := "Early Hints </app.css>; rel=preload"; len(hints) != 1 || hints[0] != want {
-			t.Errorf("informational responses %q, want [%q]", hints, want)
+		res.Body.Close()
+		if want := "103 </app.css>; rel=preload"; len(w.got) != 1 || w.got[0] != want {
+			t.Errorf("informational responses written %q, want [%q]", w.got, want)
+		}
+		if len(w.h) != 0 {
+			t.Errorf("headers left for the final response: %v, want none", w.h)
 		}
 	})
 
@@ -578,6 +575,18 @@ func TestTransportInformational(t *testing.T) {
 	}
 }
 
+// informedWriter records the 1xx responses written to it.
+type informedWriter struct {
+	h   http.Header
+	got []string
+}
+
+func (w *informedWriter) Header() http.Header         { return w.h }
+func (w *informedWriter) Write(p []byte) (int, error) { return len(p), nil }
+func (w *informedWriter) WriteHeader(code int) {
+	w.got = append(w.got, strconv.Itoa(code)+" "+w.h.Get("Link"))
+}
+
 func TestTransportUpgrade(t *testing.T) {
 	up := newPipeUpstream(t, func(c *upstreamConn) {
 		if _, _, err := c.readRequest(); err != nil {
@@ -591,7 +600,7 @@ func TestTransportUpgrade(t *testing.T) {
 	req := newRequest(t, http.MethodGet, "/ws", nil)
 	req.Header.Set("Connection", "Upgrade")
 	req.Header.Set("Upgrade", "websocket")
-	res, err := tr.roundTrip(req, time.Minute)
+	res, err := tr.roundTrip(req, time.Minute, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
