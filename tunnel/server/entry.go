@@ -355,9 +355,9 @@ func (s *Server) setForwarded(r *http.Request) {
 			}
 		}
 	}
-	h.Set("X-Forwarded-For", forwardedFor)
-	h.Set("X-Forwarded-Host", host)
-	h.Set("X-Forwarded-Proto", proto)
+	// One backing array for the three values: this runs for every request.
+	v := []string{forwardedFor, host, proto}
+	h["X-Forwarded-For"], h["X-Forwarded-Host"], h["X-Forwarded-Proto"] = v[0:1:1], v[1:2:2], v[2:3:3]
 }
 
 // isForwardingHeader reports whether the header named k is X-Forwarded-*,
@@ -393,6 +393,9 @@ func headerIs(k, name string) bool {
 }
 
 func (s *Server) trusts(ip string) bool {
+	if len(s.cfg.TrustedProxies) == 0 {
+		return false
+	}
 	addr, err := netip.ParseAddr(ip)
 	if err != nil {
 		return false
