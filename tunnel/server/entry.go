@@ -238,8 +238,9 @@ func (s *serving) answerUndelivered(sess *Session, w http.ResponseWriter) bool {
 }
 
 // guardedBody is a request body that records whether any of it was read,
-// and that a failed attempt cannot close: http.Transport closes the body of
-// a request it could not send, and the request may then go elsewhere.
+// and that a failed attempt cannot close: http.Transport (forwarding to
+// another replica, or to frp's vhost) closes the body of a request it could
+// not send, and the request may then go elsewhere.
 type guardedBody struct {
 	io.ReadCloser
 	read atomic.Bool
