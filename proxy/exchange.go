@@ -11,6 +11,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/net/http/httpguts"
 )
 
 // exchange is one request and its response on a connection; it is also the
@@ -51,7 +53,7 @@ func (ex *exchange) run(timeout time.Duration) (*http.Response, error) {
 		ex.deadline.start()
 	} else {
 		ex.wrote = make(chan error, 1)
-		if req.Header.Get("Expect") == "100-continue" {
+		if httpguts.HeaderValuesContainsToken(req.Header["Expect"], "100-continue") {
 			ex.cont = make(chan bool, 1)
 		}
 		go ex.writeWithBody()

@@ -28,6 +28,7 @@ type pipeUpstream struct {
 	serve  func(c *upstreamConn)
 	dials  atomic.Int32
 	closed atomic.Int32 // connections whose serve returned
+	probes atomic.Int32 // read deadlines set on the transport's ends
 	wg     sync.WaitGroup
 }
 
@@ -45,7 +46,21 @@ func (u *pipeUpstream) dial(context.Context, string, string) (net.Conn, error) {
 		defer server.Close()
 		u.serve(&upstreamConn{Conn: server, br: bufio.NewReader(server)})
 	})
-	return client, nil
+	return &probedConn{Conn: client, probes: &u.probes}, nil
+}
+
+// probedConn counts the read deadlines set on it: the transport sets one
+// only to check an idle connection.
+type probedConn struct {
+	net.Conn
+	probes *atomic.Int32
+}
+
+func (c *probedConn) SetReadDeadline(t time.Time) error {
+	if !t.IsZero() {
+		c.probes.Add(1)
+	}
+	return c.Conn.SetReadDeadline(t)
 }
 
 // transport returns a transport that dials the upstream; it closes its idle
@@ -234,7 +249,8 @@ func TestTransportRetry(t *testing.T) {
 	}{
 		{name: "GET, closed before the request", second: closeBeforeRequest, method: http.MethodGet, retry: true},
 		{name: "DELETE, closed before the request", second: closeBeforeRequest, method: http.MethodDelete, retry: true},
-		{name: "POST with a body, closed before the request", second: closeBeforeRequest, method: http.MethodPost, body: "x"},
+		// Found closed before it is used: see TestTransportProbesIdle.
+		{name: "POST with a body, closed before the request", second: closeBeforeRequest, method: http.MethodPost, body: "x", retry: true},
 		{name: "GET, no answer", second: closeAfterRequest, method: http.MethodGet, retry: true},
 		{name: "HEAD, no answer", second: closeAfterRequest, method: http.MethodHead, retry: true},
 		{name: "DELETE, no answer", second: closeAfterRequest, method: http.MethodDelete},
@@ -281,7 +297,7 @@ func TestTransportRetry(t *testing.T) {
 				res, _, err := fetch(t, tr, req)
 				if tc.retry {
 					if err != nil || res.StatusCode != http.StatusOK {
-						t.Fatalf("request failed (%v); want it repeated on a new connection", err)
+						t.Fatalf("request failed (%v); want it sent on a new connection", err)
 					}
 					if n := up.dials.Load(); n != 2 {
 						t.Errorf("%d connections, want 2", n)
@@ -309,42 +325,68 @@ func TestTransportRetry(t *testing.T) {
 	})
 }
 
-// TestTransportProbesIdle: a connection idle for a while is checked before
-// use, so that even a request that cannot be repeated does not meet an
-// upstream's close of its keep-alive connection.
+// TestTransportProbesIdle: a connection is checked before use when it was
+// idle for a while, or when the request could not be repeated, so that such
+// a request does not meet an upstream's close of its keep-alive connection.
 func TestTransportProbesIdle(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var posts atomic.Int32
-		up := newPipeUpstream(t, func(c *upstreamConn) {
-			for {
-				req, _, err := c.readRequest()
-				if err != nil {
-					return
+	tests := []struct {
+		name       string
+		closeAfter time.Duration // the upstream's keep-alive timeout
+		idle       time.Duration // between the two requests
+		method     string
+		probes     int32
+		dials      int32
+	}{
+		{name: "GET at once", closeAfter: time.Hour, method: http.MethodGet, dials: 1},
+		{name: "GET after a second", closeAfter: time.Hour, idle: probeIdleAfter, method: http.MethodGet, probes: 1, dials: 1},
+		{name: "POST at once", closeAfter: time.Hour, method: http.MethodPost, probes: 1, dials: 1},
+		{name: "GET after the upstream closed", closeAfter: 500 * time.Millisecond, idle: probeIdleAfter, method: http.MethodGet, probes: 1, dials: 2},
+		{name: "POST after the upstream closed", method: http.MethodPost, probes: 1, dials: 2},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var posts atomic.Int32
+				up := newPipeUpstream(t, func(c *upstreamConn) {
+					for {
+						req, _, err := c.readRequest()
+						if err != nil {
+							return
+						}
+						if req.Method == http.MethodPost {
+							posts.Add(1)
+						}
+						_, _ = io.WriteString(c, okResponse)
+						// Close when idle for closeAfter.
+						_ = c.SetReadDeadline(time.Now().Add(tc.closeAfter))
+						if _, err := c.br.Peek(1); err != nil {
+							return
+						}
+						_ = c.SetReadDeadline(time.Time{})
+					}
+				})
+				tr := up.transport(t)
+				if _, _, err := fetch(t, tr, newRequest(t, http.MethodGet, "/", nil)); err != nil {
+					t.Fatal(err)
 				}
-				if req.Method == http.MethodPost {
-					posts.Add(1)
+				time.Sleep(tc.idle)
+				synctest.Wait()
+				var body io.Reader
+				if tc.method == http.MethodPost {
+					body = strings.NewReader("event")
 				}
-				_, _ = io.WriteString(c, okResponse)
-				if req.URL.Path == "/then-close" {
-					// The upstream's keep-alive timeout.
-					time.Sleep(500 * time.Millisecond)
-					return
+				if _, got, err := fetch(t, tr, newRequest(t, tc.method, "/", body)); err != nil || got != "ok" {
+					t.Fatalf("%s: %q, %v", tc.method, got, err)
 				}
-			}
+				if p, d := up.probes.Load(), up.dials.Load(); p != tc.probes || d != tc.dials {
+					t.Errorf("%d checks of idle connections, %d connections; want %d and %d", p, d, tc.probes, tc.dials)
+				}
+				if tc.method == http.MethodPost && posts.Load() != 1 {
+					t.Errorf("the upstream received %d POSTs, want 1", posts.Load())
+				}
+			})
 		})
-		tr := up.transport(t)
-		if _, _, err := fetch(t, tr, newRequest(t, http.MethodGet, "/then-close", nil)); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(probeIdleAfter)
-		synctest.Wait()
-		if _, body, err := fetch(t, tr, newRequest(t, http.MethodPost, "/", strings.NewReader("event"))); err != nil || body != "ok" {
-			t.Fatalf("POST after the upstream closed the idle connection: %q, %v", body, err)
-		}
-		if n := up.dials.Load(); n != 2 || posts.Load() != 1 {
-			t.Errorf("%d connections, %d POSTs received; want 2 and 1", n, posts.Load())
-		}
-	})
+	}
 }
 
 func TestTransportIdleTimeout(t *testing.T) {

@@ -29,9 +29,11 @@ const (
 	// is a hop that many concurrent requests cross.
 	maxIdleConns = 256
 	// probeIdleAfter: a connection idle for longer is checked for a close
-	// by the upstream before it carries a request. Upstreams close idle
-	// keep-alive connections (Node.js after 5s, gunicorn after 2s), and a
-	// request that is not safe to repeat fails if it is written on one.
+	// by the upstream before it carries a request, and so is any
+	// connection before it carries a request that is not safe to repeat.
+	// Upstreams close idle keep-alive connections (Node.js after 5s,
+	// gunicorn after 2s, some after every response), and a request that
+	// cannot be repeated fails if it is written on one.
 	probeIdleAfter = time.Second
 	tcpKeepAlive   = 30 * time.Second
 	expectContinue = time.Second
@@ -141,7 +143,7 @@ var errHeaderTimeout = errors.New("no response headers within the route's timeou
 // be empty: the upstream sees the host of req.URL.
 func (t *transport) roundTrip(req *http.Request, timeout time.Duration, informational http.ResponseWriter) (*http.Response, error) {
 	ctx := req.Context()
-	pc, err := t.getConn(ctx)
+	pc, err := t.getConn(ctx, replayable(req) && (req.Body == nil || req.Body == http.NoBody))
 	if err != nil {
 		return nil, err
 	}
@@ -158,14 +160,16 @@ func (t *transport) roundTrip(req *http.Request, timeout time.Duration, informat
 	return res, err
 }
 
-// getConn returns an idle connection, or dials one.
-func (t *transport) getConn(ctx context.Context) (*persistConn, error) {
+// getConn returns an idle connection, or dials one. For a request that is
+// repeated if the connection turns out closed (repeatable), a connection
+// used within probeIdleAfter is taken as it is.
+func (t *transport) getConn(ctx context.Context, repeatable bool) (*persistConn, error) {
 	for {
 		pc := t.popIdle()
 		if pc == nil {
 			return t.dialConn(ctx)
 		}
-		if time.Since(pc.idleAt) < probeIdleAfter || pc.open() {
+		if repeatable && time.Since(pc.idleAt) < probeIdleAfter || pc.open() {
 			pc.br = getReader(pc)
 			return pc, nil
 		}
