@@ -57,13 +57,19 @@
 // that; CONNECT is refused. The router is never an open proxy into the
 // cluster, and the client's check of the dial address makes sure of it.
 //
-// Bodies stream in both directions, without buffering: every write is
-// flushed at once (server-sent events, watch streams), websocket upgrades
-// pass through, and an upstream may answer while the request body still
-// streams in. Hop-by-hop headers are dropped (Upgrade is kept for websocket
-// only). X-Forwarded-For, -Host and -Proto are trusted as the server's public
-// entry set them and passed on unchanged; X-Forwarded-Prefix is set when the prefix
-// is stripped; the upstream sees its own Host.
+// Bodies stream in both directions, without buffering: every write of a
+// stream is flushed at once (server-sent events, bodies of unknown length:
+// watch streams, long polls), websocket upgrades pass through, and an
+// upstream may answer while the request body still streams in. 1xx
+// responses (100 Continue, 103 Early Hints) and trailers pass through.
+// Hop-by-hop headers are dropped (Upgrade is kept for websocket only), and
+// so are Forwarded and Proxy-* from the caller. X-Forwarded-For, -Host and
+// -Proto are trusted as the server's public entry set them and passed on
+// unchanged; X-Forwarded-Prefix is set when the prefix is stripped; the
+// upstream sees its own Host. Query parameters that Go's server cannot
+// parse (";" separators, bad escapes) are dropped, as
+// httputil.ReverseProxy does, so that the upstream cannot read the query
+// differently from the router.
 //
 // When the router answers instead of the upstream, the response is one short
 // line of text and the ErrorHeader header holds a code: 502 when the
@@ -73,14 +79,24 @@
 //
 // Upstreams sharing a scheme, dial address and TLS setting share one pool
 // of keep-alive HTTP/1.1 connections (through the tunnel, streams of the
-// session), with many idle connections kept per upstream.
+// session): up to 256 idle ones per upstream, each closed after 30s unused,
+// so that an idle tunnel holds no streams. A connection returns to the pool
+// only when its response was read to the end. The router speaks HTTP/1.1 on
+// them itself, with no goroutine per connection: a request costs its own
+// goroutine, and one more while a request body streams.
+//
+// A request that is safe to repeat (GET, HEAD, OPTIONS, TRACE, or with an
+// Idempotency-Key; no body) and fails on a kept-alive connection before any
+// byte of the response is sent once more on a new connection: the upstream
+// may have closed the idle connection as the request went out. Nothing else
+// is repeated.
 //
 // # What it does not do
 //
 // It does not authenticate or authorize: the server's public entry has
 // already matched the request's host to this tunnel, and only to it. It does
-// not retry, balance between upstreams, rewrite response bodies or
-// redirects, or speak HTTP/2 to upstreams. It does not run health checks;
+// not balance between upstreams, rewrite response bodies or redirects, or
+// speak HTTP/2 to upstreams. It does not run health checks;
 // Route.HealthURL tells diagnostics where they are. It never imports the
 // tunnel engine: the stream it dials through comes in as a DialFunc.
 package proxy

@@ -126,8 +126,8 @@ func (rt *route) dialReason(err error) string {
 	}
 }
 
-// handleError is the route's ReverseProxy.ErrorHandler. req is the outbound
-// request, whose context is the caller's.
+// handleError answers a request that could not be forwarded. req is the
+// outbound request (or the caller's), whose context is the caller's.
 func (rt *route) handleError(w http.ResponseWriter, req *http.Request, err error) {
 	if req.Context().Err() != nil {
 		// The caller went away (the tunnel stream closed): nothing to answer,

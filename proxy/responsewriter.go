@@ -43,7 +43,7 @@ func (w *StatusWriter) FlushError() error {
 // Flush implements http.Flusher.
 func (w *StatusWriter) Flush() { _ = w.FlushError() }
 
-// Hijack hands the connection over for a protocol switch; ReverseProxy
+// Hijack hands the connection over for a protocol switch; the router
 // writes the 101 response on it directly.
 func (w *StatusWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	c, brw, err := http.NewResponseController(w.ResponseWriter).Hijack()

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httputil"
-	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -54,7 +52,7 @@ type Router struct {
 	log        *zap.Logger
 	routes     []*route // longest prefix first
 	given      []Route  // as given to NewRouter, normalized
-	transports []*http.Transport
+	transports []*transport
 	unmatched  *routeMetrics // nil without metrics
 }
 
@@ -64,7 +62,8 @@ type route struct {
 	upstream    string // Upstream as text, for errors
 	strip       bool   // the upstream URL has a path, which replaces the prefix
 	dialTimeout time.Duration
-	proxy       *httputil.ReverseProxy
+	transport   *transport  // shared by the routes of one upstream
+	buffers     *bufferPool // copy buffers, shared by the router's routes
 	log         *zap.Logger
 	metrics     *routeMetrics // nil without metrics
 	reroute     func(error) bool
@@ -105,14 +104,10 @@ func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 		dialTimeout = DefaultDialTimeout
 	}
 	dial := newDialFunc(opts)
-	errorLog, err := zap.NewStdLogAt(log, zapcore.DebugLevel)
-	if err != nil {
-		return nil, fmt.Errorf("create proxy error log: %w", err)
-	}
 	bufs := &bufferPool{}
 
 	r := &Router{log: log, given: given}
-	byKey := make(map[transportKey]*http.Transport)
+	byKey := make(map[transportKey]*transport)
 	for _, g := range given {
 		k := keyOf(g)
 		t, ok := byKey[k]
@@ -126,29 +121,16 @@ func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 			upstream:    g.Upstream.String(),
 			strip:       g.Upstream.Path != "",
 			dialTimeout: dialTimeout,
+			transport:   t,
+			buffers:     bufs,
 			reroute:     opts.Reroute,
 		}
 		rt.log = log.With(
 			zap.String("route", g.Prefix),
 			zap.String("adapter", g.Adapter),
 			zap.String("upstream", rt.upstream))
-		rtt := &routeTransport{next: t, timeout: g.Timeout}
 		if m != nil {
 			rt.metrics = m.forRoute(g.Prefix, g.Adapter)
-			rtt.latency = rt.metrics.latency
-		}
-		rt.proxy = &httputil.ReverseProxy{
-			Rewrite:   rt.rewrite,
-			Transport: rtt,
-			// Zero lets ReverseProxy flush every write of exactly the
-			// responses that stream: server-sent events and bodies of
-			// unknown length (watch streams, long polls, chunked
-			// downloads). A body of known length goes out in full
-			// buffers, without a system call per write.
-			FlushInterval: 0,
-			BufferPool:    bufs,
-			ErrorLog:      errorLog,
-			ErrorHandler:  rt.handleError,
 		}
 		r.routes = append(r.routes, rt)
 	}
@@ -225,7 +207,7 @@ func (r *Router) Routes() []Route {
 // called more than once.
 func (r *Router) Close() {
 	for _, t := range r.transports {
-		t.CloseIdleConnections()
+		t.closeIdle()
 	}
 }
 
@@ -263,10 +245,10 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	sw := &StatusWriter{ResponseWriter: w}
 	start := time.Now()
-	// Deferred, so that a response aborted mid-body (ReverseProxy panics
-	// with http.ErrAbortHandler) is still counted.
+	// Deferred, so that a response aborted mid-body (forward panics with
+	// http.ErrAbortHandler) is still counted.
 	defer rt.finish(sw, req, start)
-	rt.proxy.ServeHTTP(sw, req)
+	rt.forward(sw, req)
 }
 
 // match returns the route with the longest prefix matching the path.
@@ -305,56 +287,3 @@ func (rt *route) finish(sw *StatusWriter, req *http.Request, start time.Time) {
 			zap.Duration("duration", time.Since(start)))
 	}
 }
-
-// rewrite is the route's ReverseProxy.Rewrite: it points the outbound
-// request at the route's upstream and sets the forwarding headers.
-func (rt *route) rewrite(pr *httputil.ProxyRequest) {
-	in, out := pr.In, pr.Out
-	rp, err := splitPath(in.URL)
-	if err != nil {
-		// ServeHTTP validated this path already.
-		rp = reqPath{match: "/", decoded: "/"}
-	}
-	u := &url.URL{
-		Scheme:   rt.Upstream.Scheme,
-		Host:     rt.Upstream.Host,
-		RawQuery: in.URL.RawQuery,
-	}
-	u.Path, u.RawPath = rewrite(rp, rt.Prefix, rt.Upstream)
-	out.URL = u
-	// The upstream sees its own host, as it would from a client in the
-	// cluster; the caller's host travels in X-Forwarded-Host.
-	out.Host = ""
-
-	// The server's public entry removes X-Forwarded-* arriving from the
-	// internet and sets its own, so they are trusted and passed on as they
-	// are. ReverseProxy removed them (and Forwarded, which no hop vouches
-	// for) before calling Rewrite. RemoteAddr is not appended: the entry put
-	// the caller in X-Forwarded-For already.
-	for _, h := range forwardedHeaders {
-		if v, ok := in.Header[h]; ok {
-			out.Header[h] = slices.Clone(v)
-		}
-	}
-	if rt.strip && rt.Prefix != "/" {
-		prior := strings.TrimSuffix(in.Header.Get("X-Forwarded-Prefix"), "/")
-		out.Header.Set("X-Forwarded-Prefix", prior+rt.Prefix)
-	}
-
-	// ReverseProxy keeps Upgrade for any protocol; only websocket is
-	// supported through the tunnel (h2c and others are hop-by-hop here).
-	if up := out.Header.Get("Upgrade"); up != "" && !strings.EqualFold(up, "websocket") {
-		out.Header.Del("Upgrade")
-		out.Header.Del("Connection")
-	}
-	// Proxy-* headers are for the proxy, never the upstream; "Proxy" is
-	// httpoxy (CVE-2016-5385).
-	for h := range out.Header {
-		if h == "Proxy" || strings.HasPrefix(h, "Proxy-") {
-			delete(out.Header, h)
-		}
-	}
-}
-
-// forwardedHeaders are the X-Forwarded-* headers the tunnel server sets.
-var forwardedHeaders = []string{"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}

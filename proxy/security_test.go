@@ -96,12 +96,20 @@ func TestNeverOpenProxy(t *testing.T) {
 }
 
 // TestEnvironmentProxyIgnored checks that HTTP_PROXY cannot divert
-// in-cluster upstream traffic to an egress proxy. (Setting the variable in a
-// test proves nothing: net/http reads it once per process.)
+// in-cluster upstream traffic to an egress proxy: the router dials its
+// upstreams itself, whatever the environment names.
 func TestEnvironmentProxyIgnored(t *testing.T) {
-	for _, k := range []transportKey{{scheme: "http", addr: "h:1"}, {scheme: "https", addr: "h:1", insecure: true}} {
-		if tr := newTransport(k, nil); tr.Proxy != nil {
-			t.Errorf("transport for %v has a Proxy func, want nil", k)
-		}
+	decoy, decoyConns := countedUpstream(t, echoHandler("egress proxy"))
+	for _, k := range []string{"HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"} {
+		t.Setenv(k, decoy.URL)
+	}
+	t.Setenv("NO_PROXY", "")
+	up := echoUpstream(t, "up")
+	tr := newTestRouter(t, []Route{{Prefix: "/", Upstream: mustURL(t, up.URL)}}, nil, Options{})
+	if got := tr.getSeen(t, "/x", nil); got.Upstream != "up" {
+		t.Errorf("request reached %q, want the upstream", got.Upstream)
+	}
+	if n := decoyConns.accepted.Load(); n != 0 {
+		t.Errorf("the proxy named by HTTP_PROXY received %d connections, want 0", n)
 	}
 }

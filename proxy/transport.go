@@ -1,34 +1,50 @@
 package proxy
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptrace"
 	"sync"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
-// DefaultDialTimeout is the dial timeout when Options.DialTimeout is zero.
+// DefaultDialTimeout is the dial timeout when Options.DialContext is zero.
 const DefaultDialTimeout = 5 * time.Second
 
 // Connection settings of the upstream transports. They are fixed because
 // upstreams are in-cluster services one hop away: none needs tuning.
 const (
 	tlsHandshakeTimeout = 10 * time.Second
-	idleConnTimeout     = 90 * time.Second
-	// maxIdleConnsPerHost is large because http.Transport's default of 2
-	// closes every connection beyond the second after each burst, and the
-	// next burst pays a new dial for each: the router is a hop that many
-	// concurrent requests cross.
-	maxIdleConnsPerHost = 256
-	tcpKeepAlive        = 30 * time.Second
-	expectContinue      = time.Second
+	// idleConnTimeout is how long an idle connection (a tunnel stream) is
+	// kept for the next request: an idle tunnel holds no streams after it.
+	idleConnTimeout = 30 * time.Second
+	// maxIdleConns bounds the idle connections kept per upstream. It is
+	// large because a burst of concurrent requests would otherwise pay a
+	// new dial for each connection beyond it at the next burst: the router
+	// is a hop that many concurrent requests cross.
+	maxIdleConns = 256
+	// probeIdleAfter: a connection idle for longer is checked for a close
+	// by the upstream before it carries a request, and so is any
+	// connection before it carries a request that is not safe to repeat.
+	// Upstreams close idle keep-alive connections (Node.js after 5s,
+	// gunicorn after 2s, some after every response), and a request that
+	// cannot be repeated fails if it is written on one.
+	probeIdleAfter = time.Second
+	tcpKeepAlive   = 30 * time.Second
+	expectContinue = time.Second
+	// maxResponseHeaderBytes bounds a response's head (status line and
+	// headers, each 1xx response's on its own), maxInformational the 1xx
+	// responses before the final one.
+	maxResponseHeaderBytes = 1 << 20
+	maxInformational       = 32
+	// bufSize is the size of the pooled buffers that read responses and
+	// write requests.
+	bufSize = 4 << 10
 )
 
 // DialFunc dials an upstream; it has the shape of net.Dialer.DialContext.
@@ -70,35 +86,44 @@ func newDialFunc(opts Options) DialFunc {
 	}
 }
 
-// newTransport returns the transport for one upstream: it dials k.addr and
-// nothing else.
-func newTransport(k transportKey, dial DialFunc) *http.Transport {
-	t := &http.Transport{
-		// Upstreams are in-cluster: never send them through an egress proxy
-		// named by HTTP_PROXY/HTTPS_PROXY, which NO_PROXY rarely exempts
-		// short service names from.
-		Proxy: nil,
-		// The address http.Transport derives from the request URL is not
-		// used: its own rules (IDNA, default ports) need not agree with
-		// Route.DialAddr, which the tether client checks a dial against,
-		// and one transport serves one address only.
-		DialContext: func(ctx context.Context, network, _ string) (net.Conn, error) {
-			return dial(ctx, network, k.addr)
-		},
-		TLSHandshakeTimeout:   tlsHandshakeTimeout,
-		IdleConnTimeout:       idleConnTimeout,
-		MaxIdleConnsPerHost:   maxIdleConnsPerHost,
-		ExpectContinueTimeout: expectContinue,
-		// A proxy passes Accept-Encoding and bodies through untouched.
-		DisableCompression: true,
-	}
-	// HTTP/1.1 only: websocket upgrades need it, and one hop inside the
-	// cluster gains nothing from HTTP/2.
-	t.Protocols = new(http.Protocols)
-	t.Protocols.SetHTTP1(true)
+// transport sends HTTP/1.1 requests to one upstream and keeps its
+// connections (through the tunnel, streams of the session) for the next
+// requests. It dials k.addr and nothing else.
+//
+// It does what http.Transport did for the router, without its cost: no
+// goroutine per connection, no hand-off between goroutines per request. The
+// request's own goroutine writes the request and reads the response; a
+// request with a body has one more goroutine that writes the body, so that
+// the upstream may answer while it still streams in. A connection goes back
+// to the pool only once its response body was read to the end and both
+// sides keep it alive; it is closed otherwise, and after idleConnTimeout
+// unused.
+//
+// A request that is safe to repeat (GET, HEAD, OPTIONS, TRACE, or one with
+// an Idempotency-Key, all without a body) and that fails on a pooled
+// connection before any byte of the response arrived is sent once more, on
+// a new connection: the upstream may have closed the kept-alive connection
+// as the request went out. So is a request without a body that failed
+// before any of it was written.
+type transport struct {
+	addr      string
+	dial      DialFunc
+	tlsConfig *tls.Config // nil for http
+
+	mu     sync.Mutex
+	idle   []*persistConn // least recently used first
+	reaper *time.Timer    // closes connections idle for idleConnTimeout
+	reaps  bool           // reaper is due to run
+}
+
+// newTransport returns the transport for the upstreams of key k.
+func newTransport(k transportKey, dial DialFunc) *transport {
+	t := &transport{addr: k.addr, dial: dial}
 	if k.scheme == "https" {
-		t.TLSClientConfig = &tls.Config{
+		host, _, _ := net.SplitHostPort(k.addr)
+		t.tlsConfig = &tls.Config{
 			MinVersion: tls.VersionTLS12,
+			ServerName: host,
 			// The route's operator asked for this, for an in-cluster
 			// service with a self-signed certificate.
 			InsecureSkipVerify: k.insecure, //nolint:gosec // opt-in per route
@@ -111,142 +136,263 @@ func newTransport(k transportKey, dial DialFunc) *http.Transport {
 // response headers within the route's timeout.
 var errHeaderTimeout = errors.New("no response headers within the route's timeout")
 
-// routeTransport is one route's view of its upstream's shared transport: it
-// applies the route's response-header timeout and records its latency.
-type routeTransport struct {
-	next    http.RoundTripper
-	timeout time.Duration       // 0: none
-	latency prometheus.Observer // nil: no metrics
-}
-
-// RoundTrip implements http.RoundTripper.
-func (t *routeTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	var start time.Time
-	if t.latency != nil {
-		start = time.Now()
+// roundTrip sends req and returns the upstream's response, giving up when
+// no response headers came within timeout (0: none) of the request being
+// written, body included. 1xx responses before the final one are written
+// to informational (nil: dropped) before roundTrip returns. req.Host must
+// be empty: the upstream sees the host of req.URL.
+func (t *transport) roundTrip(req *http.Request, timeout time.Duration, informational http.ResponseWriter) (*http.Response, error) {
+	ctx := req.Context()
+	pc, err := t.getConn(ctx, replayable(req) && (req.Body == nil || req.Body == http.NoBody))
+	if err != nil {
+		return nil, err
 	}
-	var (
-		res *http.Response
-		err error
-	)
-	if t.timeout > 0 {
-		res, err = t.roundTripTimeout(req)
-	} else {
-		res, err = t.next.RoundTrip(req)
-	}
-	if err == nil && t.latency != nil {
-		t.latency.Observe(time.Since(start).Seconds())
+	ex := &exchange{pc: pc, req: req, informational: informational}
+	res, err := ex.run(timeout)
+	if err != nil && ex.retryable(err) && ctx.Err() == nil {
+		if pc, err2 := t.dialConn(ctx); err2 != nil {
+			err = err2
+		} else {
+			ex = &exchange{pc: pc, req: req, informational: informational}
+			res, err = ex.run(timeout)
+		}
 	}
 	return res, err
 }
 
-// roundTripTimeout runs the request under a timer that starts once the
-// request, body included, has been written (httptrace WroteRequest) and
-// stops when response headers arrive. http.Transport's
-// ResponseHeaderTimeout would do the same, but it is per transport, where
-// routes with different timeouts share one, and its error cannot be told
-// apart from other timeouts without matching strings.
-func (t *routeTransport) roundTripTimeout(req *http.Request) (*http.Response, error) {
-	ctx, cancel := context.WithCancelCause(req.Context())
-	hd := &headerDeadline{d: t.timeout, cancel: cancel}
-	ctx = httptrace.WithClientTrace(ctx, &httptrace.ClientTrace{WroteRequest: hd.wroteRequest})
-	res, err := t.next.RoundTrip(req.WithContext(ctx))
-	if hd.stop() {
-		// The timer fired, possibly just as headers arrived; either way the
-		// request's context is canceled, so the body is unusable.
-		if res != nil {
-			res.Body.Close()
+// getConn returns an idle connection, or dials one. For a request that is
+// repeated if the connection turns out closed (repeatable), a connection
+// used within probeIdleAfter is taken as it is.
+func (t *transport) getConn(ctx context.Context, repeatable bool) (*persistConn, error) {
+	for {
+		pc := t.popIdle()
+		if pc == nil {
+			return t.dialConn(ctx)
 		}
-		cancel(errHeaderTimeout)
-		return nil, errHeaderTimeout
+		if repeatable && time.Since(pc.idleAt) < probeIdleAfter || pc.open() {
+			pc.br = getReader(pc)
+			return pc, nil
+		}
+		pc.close()
 	}
+}
+
+// dialConn dials a new connection, with a TLS handshake for https.
+func (t *transport) dialConn(ctx context.Context) (*persistConn, error) {
+	raw, err := t.dial(ctx, "tcp", t.addr)
 	if err != nil {
-		cancel(nil)
 		return nil, err
 	}
-	// The context must live as long as the body: cancel it when the body is
-	// closed. A 101 response's body is the upgraded connection, which
-	// ReverseProxy needs to write to.
-	if rwc, ok := res.Body.(io.ReadWriteCloser); ok {
-		res.Body = &cancelRWBody{ReadWriteCloser: rwc, cancel: cancel}
-	} else {
-		res.Body = &cancelBody{ReadCloser: res.Body, cancel: cancel}
+	conn := raw
+	if t.tlsConfig != nil {
+		tc := tls.Client(raw, t.tlsConfig)
+		hctx, cancel := context.WithTimeout(ctx, tlsHandshakeTimeout)
+		err := tc.HandshakeContext(hctx)
+		cancel()
+		if err != nil {
+			raw.Close()
+			return nil, fmt.Errorf("tls handshake with %s: %w", t.addr, err)
+		}
+		conn = tc
 	}
-	return res, nil
+	pc := &persistConn{t: t, raw: raw, conn: conn}
+	pc.br = getReader(pc)
+	return pc, nil
 }
 
-// headerDeadline is the timer of one request's response-header timeout.
-type headerDeadline struct {
-	d      time.Duration
-	cancel context.CancelCauseFunc
-
-	mu    sync.Mutex
-	timer *time.Timer // nil until the request is written
-	done  bool        // RoundTrip returned
+// popIdle takes the most recently used idle connection, nil if none.
+func (t *transport) popIdle() *persistConn {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := len(t.idle)
+	if n == 0 {
+		return nil
+	}
+	pc := t.idle[n-1]
+	t.idle[n-1] = nil
+	t.idle = t.idle[:n-1]
+	return pc
 }
 
-// wroteRequest starts the timer. It runs on the transport's write goroutine.
-func (h *headerDeadline) wroteRequest(httptrace.WroteRequestInfo) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.done || h.timer != nil {
+// putIdle keeps pc, whose last response was read to its end, for the next
+// request.
+func (t *transport) putIdle(pc *persistConn) {
+	if pc.br.Buffered() > 0 {
+		// The upstream sent more than its response.
+		pc.close()
 		return
 	}
-	h.timer = time.AfterFunc(h.d, h.expire)
-}
-
-func (h *headerDeadline) expire() { h.cancel(errHeaderTimeout) }
-
-// stop ends the deadline and reports whether it had expired.
-func (h *headerDeadline) stop() bool {
-	h.mu.Lock()
-	h.done = true
-	t := h.timer
-	h.mu.Unlock()
-	return t != nil && !t.Stop()
-}
-
-// cancelBody cancels a request's context when its response body is closed.
-type cancelBody struct {
-	io.ReadCloser
-	cancel context.CancelCauseFunc
-}
-
-func (b *cancelBody) Close() error {
-	err := b.ReadCloser.Close()
-	b.cancel(nil)
-	return err
-}
-
-// cancelRWBody is cancelBody for the read-write body of a 101 response.
-type cancelRWBody struct {
-	io.ReadWriteCloser
-	cancel context.CancelCauseFunc
-}
-
-func (b *cancelRWBody) Close() error {
-	err := b.ReadWriteCloser.Close()
-	b.cancel(nil)
-	return err
-}
-
-// bufSize is the size of the buffers that copy response bodies.
-const bufSize = 32 << 10
-
-// bufferPool recycles ReverseProxy's copy buffers, which it would otherwise
-// allocate (32 KiB) for every response. Buffers are kept as array pointers so
-// that Put does not allocate.
-type bufferPool struct{ p sync.Pool }
-
-func (b *bufferPool) Get() []byte {
-	if buf, ok := b.p.Get().(*[bufSize]byte); ok {
-		return buf[:]
+	putReader(pc.br)
+	pc.br = nil
+	pc.idleAt = time.Now()
+	pc.reused = true
+	var evicted *persistConn
+	t.mu.Lock()
+	if len(t.idle) >= maxIdleConns {
+		evicted = t.idle[0]
+		n := copy(t.idle, t.idle[1:])
+		t.idle[n] = nil
+		t.idle = t.idle[:n]
 	}
-	return make([]byte, bufSize)
+	t.idle = append(t.idle, pc)
+	if !t.reaps {
+		t.reaps = true
+		if t.reaper == nil {
+			t.reaper = time.AfterFunc(idleConnTimeout, t.reap)
+		} else {
+			t.reaper.Reset(idleConnTimeout)
+		}
+	}
+	t.mu.Unlock()
+	if evicted != nil {
+		evicted.close()
+	}
 }
 
-func (b *bufferPool) Put(buf []byte) {
-	if len(buf) == bufSize {
-		b.p.Put((*[bufSize]byte)(buf))
+// reap closes the connections idle for idleConnTimeout, and runs again
+// when the next one will be.
+func (t *transport) reap() {
+	now := time.Now()
+	t.mu.Lock()
+	n := 0
+	for n < len(t.idle) && now.Sub(t.idle[n].idleAt) >= idleConnTimeout {
+		n++
 	}
+	expired := make([]*persistConn, n)
+	copy(expired, t.idle)
+	rest := copy(t.idle, t.idle[n:])
+	clear(t.idle[rest:])
+	t.idle = t.idle[:rest]
+	if rest > 0 {
+		t.reaper.Reset(t.idle[0].idleAt.Add(idleConnTimeout).Sub(now))
+	} else {
+		t.reaps = false
+	}
+	t.mu.Unlock()
+	for _, pc := range expired {
+		pc.close()
+	}
+}
+
+// closeIdle closes the idle connections. Connections in use are closed when
+// their request ends, unless they return to the pool.
+func (t *transport) closeIdle() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = nil
+	if t.reaper != nil {
+		t.reaper.Stop()
+	}
+	t.reaps = false
+	t.mu.Unlock()
+	for _, pc := range idle {
+		pc.close()
+	}
+}
+
+// idleCount is the number of idle connections.
+func (t *transport) idleCount() int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return len(t.idle)
+}
+
+// persistConn is one connection to the upstream, used by one request at a
+// time.
+type persistConn struct {
+	t      *transport
+	raw    net.Conn      // as dialed
+	conn   net.Conn      // raw, or TLS over it
+	br     *bufio.Reader // reads conn through the persistConn; nil while idle
+	idleAt time.Time     // when it became idle
+	reused bool          // it has carried a request before
+
+	// Counters of the current exchange, for its retry: what was read by
+	// the request's goroutine, written by whichever goroutine writes.
+	nread, nwritten int64
+	// headLeft is how much more of the response head may be read; -1
+	// while the body is read.
+	headLeft int64
+}
+
+// errHeadTooLarge: the upstream's response head exceeds
+// maxResponseHeaderBytes.
+var errHeadTooLarge = fmt.Errorf("response head larger than %d bytes", maxResponseHeaderBytes)
+
+// Read reads from the connection, for br.
+func (pc *persistConn) Read(p []byte) (int, error) {
+	if pc.headLeft >= 0 {
+		if pc.headLeft == 0 {
+			return 0, errHeadTooLarge
+		}
+		if int64(len(p)) > pc.headLeft {
+			p = p[:pc.headLeft]
+		}
+	}
+	n, err := pc.conn.Read(p)
+	pc.nread += int64(n)
+	if pc.headLeft > 0 {
+		pc.headLeft -= int64(n)
+	}
+	return n, err
+}
+
+// Write writes to the connection, for the request's writer.
+func (pc *persistConn) Write(p []byte) (int, error) {
+	n, err := pc.conn.Write(p)
+	pc.nwritten += int64(n)
+	return n, err
+}
+
+// close closes the connection. Its reader is not pooled: a read may still be
+// under way.
+func (pc *persistConn) close() { _ = pc.conn.Close() }
+
+// aLongTimeAgo is a read deadline in the past: the read returns at once.
+var aLongTimeAgo = time.Unix(1, 0)
+
+// open reports whether an idle connection still looks open: a read that
+// may not wait finds nothing. A tunnel stream (and a net.Pipe) report the
+// upstream's close this way, with io.EOF; a TCP connection reports only the
+// deadline, so it always looks open here. It reads the raw connection, so
+// that a TLS connection's state is not touched: any byte read means the
+// connection is unusable anyway.
+func (pc *persistConn) open() bool {
+	if pc.raw.SetReadDeadline(aLongTimeAgo) != nil {
+		return false
+	}
+	var b [1]byte
+	n, err := pc.raw.Read(b[:])
+	var ne net.Error
+	if n > 0 || !errors.As(err, &ne) || !ne.Timeout() {
+		return false
+	}
+	return pc.raw.SetReadDeadline(time.Time{}) == nil
+}
+
+var (
+	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, bufSize) }}
+	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSize) }}
+)
+
+func getReader(r io.Reader) *bufio.Reader {
+	br := readers.Get().(*bufio.Reader)
+	br.Reset(r)
+	return br
+}
+
+func putReader(br *bufio.Reader) {
+	br.Reset(nil)
+	readers.Put(br)
+}
+
+func getWriter(w io.Writer) *bufio.Writer {
+	bw := writers.Get().(*bufio.Writer)
+	bw.Reset(w)
+	return bw
+}
+
+func putWriter(bw *bufio.Writer) {
+	bw.Reset(nil)
+	writers.Put(bw)
 }

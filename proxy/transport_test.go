@@ -2,16 +2,13 @@ package proxy
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"net/http/httptrace"
-	"strings"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 )
 
@@ -107,10 +104,19 @@ func TestTransportsByUpstream(t *testing.T) {
 	if n := len(r.transports); n != 4 {
 		t.Errorf("%d transports, want 4 (http://h:1, https://h:1 verified and not, http://h:2)", n)
 	}
+	want := map[string]struct {
+		tls, insecure bool
+	}{}
 	for _, tp := range r.transports {
-		if tp.MaxIdleConnsPerHost != maxIdleConnsPerHost || tp.IdleConnTimeout != idleConnTimeout ||
-			tp.TLSHandshakeTimeout != tlsHandshakeTimeout || !tp.DisableCompression {
-			t.Errorf("transport settings %+v, want the documented pool and timeouts", tp)
+		got := struct{ tls, insecure bool }{tp.tlsConfig != nil, tp.tlsConfig != nil && tp.tlsConfig.InsecureSkipVerify}
+		if tp.tlsConfig != nil && tp.tlsConfig.ServerName != "h" {
+			t.Errorf("transport for %s verifies server name %q, want %q", tp.addr, tp.tlsConfig.ServerName, "h")
+		}
+		want[tp.addr+fmt.Sprint(got)] = got
+	}
+	for _, k := range []string{"h:1{false false}", "h:1{true false}", "h:1{true true}", "h:2{false false}"} {
+		if _, ok := want[k]; !ok {
+			t.Errorf("no transport %s among %v", k, want)
 		}
 	}
 }
@@ -151,111 +157,3 @@ func TestTransportDialsDialAddr(t *testing.T) {
 		}
 	}
 }
-
-// fakeUpstream is a RoundTripper that plays an upstream in virtual time: it
-// takes upload to write the request, then answers after wait, unless the
-// request's context ends first.
-type fakeUpstream struct {
-	upload time.Duration // 0: no WroteRequest event at all
-	wait   time.Duration
-}
-
-func (f fakeUpstream) RoundTrip(req *http.Request) (*http.Response, error) {
-	ctx := req.Context()
-	if f.upload > 0 {
-		time.Sleep(f.upload)
-		httptrace.ContextClientTrace(ctx).WroteRequest(httptrace.WroteRequestInfo{})
-	}
-	select {
-	case <-time.After(f.wait):
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	return &http.Response{StatusCode: http.StatusOK, Body: &ctxBody{ctx: ctx, r: strings.NewReader("body")}}, nil
-}
-
-// ctxBody fails reads once its request's context is done, as a real
-// response body does.
-type ctxBody struct {
-	ctx context.Context
-	r   io.Reader
-}
-
-func (b *ctxBody) Read(p []byte) (int, error) {
-	if err := b.ctx.Err(); err != nil {
-		return 0, err
-	}
-	return b.r.Read(p)
-}
-
-func (b *ctxBody) Close() error { return nil }
-
-func TestHeaderTimeout(t *testing.T) {
-	const timeout = time.Minute
-	tests := []struct {
-		name     string
-		upstream fakeUpstream
-		wantErr  error
-		elapsed  time.Duration
-	}{
-		{"answer in time", fakeUpstream{upload: time.Second, wait: 59 * time.Second}, nil, time.Minute},
-		{"slow upload is not cut short", fakeUpstream{upload: 10 * time.Minute, wait: 59 * time.Second}, nil, 10*time.Minute + 59*time.Second},
-		{"no headers in time", fakeUpstream{upload: time.Second, wait: time.Hour}, errHeaderTimeout, time.Second + timeout},
-		{"answer before the request was written", fakeUpstream{wait: 2 * time.Minute}, nil, 2 * time.Minute},
-	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
-				rt := &routeTransport{next: tc.upstream, timeout: timeout}
-				req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://up/x", nil)
-				start := time.Now()
-				res, err := rt.RoundTrip(req)
-				if elapsed := time.Since(start); elapsed != tc.elapsed {
-					t.Errorf("RoundTrip took %s, want %s", elapsed, tc.elapsed)
-				}
-				if !errors.Is(err, tc.wantErr) {
-					t.Fatalf("RoundTrip error %v, want %v", err, tc.wantErr)
-				}
-				if err != nil {
-					return
-				}
-				// The timeout bounds the headers only: the body may take
-				// as long as it takes.
-				time.Sleep(time.Hour)
-				b, err := io.ReadAll(res.Body)
-				if err != nil || string(b) != "body" {
-					t.Errorf("body read an hour later: %q, %v; want %q", b, err, "body")
-				}
-				res.Body.Close()
-				if _, err := res.Body.Read(make([]byte, 1)); !errors.Is(err, context.Canceled) {
-					t.Errorf("read after Close: %v, want the request's context canceled", err)
-				}
-			})
-		})
-	}
-}
-
-func TestHeaderTimeoutKeepsUpgradeBodyWritable(t *testing.T) {
-	rwc := struct {
-		io.Reader
-		io.Writer
-		io.Closer
-	}{strings.NewReader(""), io.Discard, io.NopCloser(nil)}
-	next := roundTripFunc(func(*http.Request) (*http.Response, error) {
-		return &http.Response{StatusCode: http.StatusSwitchingProtocols, Body: rwc}, nil
-	})
-	rt := &routeTransport{next: next, timeout: time.Minute}
-	req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://up/ws", nil)
-	res, err := rt.RoundTrip(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, ok := res.Body.(io.ReadWriteCloser); !ok {
-		t.Errorf("101 body is %T, want an io.ReadWriteCloser for the upgraded connection", res.Body)
-	}
-	res.Body.Close()
-}
-
-type roundTripFunc func(*http.Request) (*http.Response, error)
-
-func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }

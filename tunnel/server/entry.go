@@ -57,8 +57,15 @@ const tunnelWait = 3 * time.Second
 // holder it can reach, then answers 503 tunnel_down (502
 // replica_unreachable when only unreachable holders remain). A request a
 // replica forwarded (fromPeer) is served here or refused at once: the
-// replica that forwarded it tries the next holder.
+// replica that forwarded it tries the next holder. Beyond
+// MaxRequestsPerTunnel requests in flight for the tunnel here, whichever way
+// they go, a request gets 503 tunnel_busy at once.
 func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fromPeer bool) {
+	if !s.inflight.acquire(name) {
+		s.answerBusy(w, r, name)
+		return
+	}
+	defer s.inflight.release(name)
 	body := guardBody(r)
 	var tried []*Session
 	var unreachable []string // replicas a forward could not connect to
@@ -159,6 +166,50 @@ func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name st
 		fmt.Sprintf("tether: tunnel %q is not connected; check the tether client in that cluster", name))
 }
 
+// answerBusy answers a request beyond its tunnel's MaxRequestsPerTunnel.
+func (s *serving) answerBusy(w http.ResponseWriter, r *http.Request, name string) {
+	s.metrics.unrouted.WithLabelValues("tunnel_busy").Inc()
+	s.floodLog.Warn("request refused: the tunnel has too many requests in flight",
+		zap.String("tunnel", name), zap.Int("limit", s.cfg.MaxRequestsPerTunnel),
+		zap.String("method", r.Method), zap.String("path", r.URL.Path))
+	w.Header().Set("Retry-After", "1")
+	proxy.WriteError(w, http.StatusServiceUnavailable, "tunnel_busy", fmt.Sprintf(
+		"tether: tunnel %q has %d requests in flight on this server, its limit (--max-requests-per-tunnel); retry later",
+		name, s.cfg.MaxRequestsPerTunnel))
+}
+
+// inflight counts the requests in flight per tunnel on this replica, up to
+// a limit, so that one tunnel's flood cannot take the replica's memory.
+type inflight struct {
+	limit int
+	mu    sync.Mutex
+	n     map[string]int // tunnel name -> requests; no entry for none
+}
+
+func newInflight(limit int) *inflight { return &inflight{limit: limit, n: make(map[string]int)} }
+
+// acquire counts a request for tunnel name, unless it has limit already.
+func (l *inflight) acquire(name string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n[name] >= l.limit {
+		return false
+	}
+	l.n[name]++
+	return true
+}
+
+// release uncounts a request acquire counted.
+func (l *inflight) release(name string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n[name] <= 1 {
+		delete(l.n, name)
+		return
+	}
+	l.n[name]--
+}
+
 // serveBy serves the request through sess and reports whether it is done:
 // false when the session failed before any of the request reached it, so
 // that another session may take it.
@@ -187,8 +238,9 @@ func (s *serving) answerUndelivered(sess *Session, w http.ResponseWriter) bool {
 }
 
 // guardedBody is a request body that records whether any of it was read,
-// and that a failed attempt cannot close: http.Transport closes the body of
-// a request it could not send, and the request may then go elsewhere.
+// and that a failed attempt cannot close: http.Transport (forwarding to
+// another replica, or to frp's vhost) closes the body of a request it could
+// not send, and the request may then go elsewhere.
 type guardedBody struct {
 	io.ReadCloser
 	read atomic.Bool
@@ -304,9 +356,9 @@ func (s *Server) setForwarded(r *http.Request) {
 			}
 		}
 	}
-	h.Set("X-Forwarded-For", forwardedFor)
-	h.Set("X-Forwarded-Host", host)
-	h.Set("X-Forwarded-Proto", proto)
+	// One backing array for the three values: this runs for every request.
+	v := []string{forwardedFor, host, proto}
+	h["X-Forwarded-For"], h["X-Forwarded-Host"], h["X-Forwarded-Proto"] = v[0:1:1], v[1:2:2], v[2:3:3]
 }
 
 // isForwardingHeader reports whether the header named k is X-Forwarded-*,
@@ -342,6 +394,9 @@ func headerIs(k, name string) bool {
 }
 
 func (s *Server) trusts(ip string) bool {
+	if len(s.cfg.TrustedProxies) == 0 {
+		return false
+	}
 	addr, err := netip.ParseAddr(ip)
 	if err != nil {
 		return false

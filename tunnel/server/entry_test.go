@@ -2,10 +2,19 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
+	"io"
 	"net/http"
 	"net/netip"
 	"strings"
 	"testing"
+	"time"
+
+	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"go.uber.org/zap/zaptest"
+	"go.uber.org/zap/zaptest/observer"
 )
 
 func TestTunnelName(t *testing.T) {
@@ -186,6 +195,7 @@ func TestConfigValidate(t *testing.T) {
 		{"address without port", func(c *Config) { c.HTTPAddr = "0.0.0.0" }, "--http-addr"},
 		{"public admin without token", func(c *Config) { c.AdminAddr = "0.0.0.0:7700" }, "--admin-token-file"},
 		{"cert without key", func(c *Config) { c.TLSCertFile = "tls.crt" }, "--tls-key"},
+		{"negative request limit", func(c *Config) { c.MaxRequestsPerTunnel = -1 }, "--max-requests-per-tunnel"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -225,5 +235,83 @@ func TestAdminAPI(t *testing.T) {
 		if !strings.Contains(metrics, want) {
 			t.Errorf("/metrics lacks %s", want)
 		}
+	}
+}
+
+// TestTunnelBusy: a tunnel's requests in flight on a replica are bounded by
+// MaxRequestsPerTunnel; beyond it the entry answers 503 tunnel_busy at once,
+// counts it and logs it sampled, and other tunnels are not held back.
+func TestTunnelBusy(t *testing.T) {
+	const limit = 3
+	core, logs := observer.New(zapcore.WarnLevel)
+	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Core(), core))
+	s := startServerLog(t, 0, log, func(c *Config) { c.MaxRequestsPerTunnel = limit })
+	arrived := make(chan struct{}, limit)
+	release := make(chan struct{})
+	s.startClient(t, "alpha", newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/hold" {
+			arrived <- struct{}{}
+			<-release
+		}
+		fmt.Fprint(w, "alpha")
+	})).URL)
+	s.startClient(t, "beta", backend(t, "beta").URL)
+	busy := s.metrics.unrouted.WithLabelValues("tunnel_busy")
+	before := promtest.ToFloat64(busy)
+
+	held := make(chan int, limit)
+	hc := &http.Client{Timeout: time.Minute}
+	defer hc.CloseIdleConnections()
+	for range limit {
+		go func() {
+			req, _ := http.NewRequest(http.MethodGet, s.entry+"/hold", nil)
+			req.Host = "alpha." + testDomain
+			res, err := hc.Do(req)
+			if err != nil {
+				held <- 0
+				return
+			}
+			_, _ = io.Copy(io.Discard, res.Body)
+			res.Body.Close()
+			held <- res.StatusCode
+		}()
+	}
+	for range limit {
+		<-arrived
+	}
+
+	const flood = 20
+	for range flood {
+		code, body, h := s.get(t, "alpha", "/")
+		if code != http.StatusServiceUnavailable || h.Get("X-Tether-Error") != "tunnel_busy" || h.Get("Retry-After") == "" ||
+			!strings.Contains(body, `"alpha"`) || !strings.Contains(body, "--max-requests-per-tunnel") {
+			t.Fatalf("request beyond the limit: %d %q (%s, Retry-After %q); want 503 tunnel_busy naming the tunnel and the flag",
+				code, body, h.Get("X-Tether-Error"), h.Get("Retry-After"))
+		}
+	}
+	if code, body, _ := s.get(t, "beta", "/"); code != http.StatusOK || !strings.HasPrefix(body, "beta") {
+		t.Errorf("another tunnel while alpha is busy: %d %q, want 200", code, body)
+	}
+	if got := promtest.ToFloat64(busy) - before; got != flood {
+		t.Errorf("tether_http_unrouted_requests_total{reason=tunnel_busy} rose by %v, want %d", got, flood)
+	}
+	// Five lines per 10s; the test may straddle one boundary.
+	if n := logs.FilterMessage("request refused: the tunnel has too many requests in flight").Len(); n < 1 || n > 10 {
+		t.Errorf("%d refusals were logged %d times; want 1 to 10 (sampled)", flood, n)
+	}
+
+	close(release)
+	for range limit {
+		if code := <-held; code != http.StatusOK {
+			t.Errorf("held request: status %d, want 200", code)
+		}
+	}
+	if code, body, _ := s.get(t, "alpha", "/"); code != http.StatusOK || body != "alpha" {
+		t.Errorf("after the held requests ended: %d %q, want 200", code, body)
+	}
+	s.inflight.mu.Lock()
+	defer s.inflight.mu.Unlock()
+	if len(s.inflight.n) != 0 {
+		t.Errorf("requests in flight after all ended: %v, want none", s.inflight.n)
 	}
 }

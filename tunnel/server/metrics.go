@@ -73,7 +73,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, reg registry.
 		}, []string{"result"}),
 		unrouted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_http_unrouted_requests_total",
-			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), tunnel_disconnected (502: every session of the tunnel failed under the request), connect (405: CONNECT), absolute_form (400: absolute-form target).",
+			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), tunnel_disconnected (502: every session of the tunnel failed under the request), tunnel_busy (503: --max-requests-per-tunnel in flight), connect (405: CONNECT), absolute_form (400: absolute-form target).",
 		}, []string{"reason"}),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tether_http_request_duration_seconds",

@@ -100,6 +100,10 @@ type Config struct {
 	// MaxSessionsPerTunnel caps the sessions one tunnel may have on this
 	// replica, whatever the clients' number. Default 16.
 	MaxSessionsPerTunnel int
+	// MaxRequestsPerTunnel caps the requests one tunnel may have in flight
+	// on this replica, served here or forwarded; more are answered 503
+	// tunnel_busy at once. Default 1024.
+	MaxRequestsPerTunnel int
 
 	// Registry is where replicas share which of them serve which tunnel:
 	// "memory" (the default, one replica) or redis://HOST:PORT[/DB] or
@@ -141,6 +145,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxSessionsPerTunnel == 0 {
 		c.MaxSessionsPerTunnel = defaultMaxSessionsPerTunnel
+	}
+	if c.MaxRequestsPerTunnel == 0 {
+		c.MaxRequestsPerTunnel = defaultMaxRequestsPerTunnel
 	}
 	if c.ReplicaID == "" {
 		c.ReplicaID, _ = os.Hostname()
@@ -205,6 +212,9 @@ func (c *Config) Validate() error {
 	if c.MaxSessionsPerTunnel < 0 {
 		errs = append(errs, fmt.Errorf("--max-sessions-per-tunnel %d: want a positive number, or 0 for the default %d", c.MaxSessionsPerTunnel, defaultMaxSessionsPerTunnel))
 	}
+	if c.MaxRequestsPerTunnel < 0 {
+		errs = append(errs, fmt.Errorf("--max-requests-per-tunnel %d: want a positive number, or 0 for the default %d", c.MaxRequestsPerTunnel, defaultMaxRequestsPerTunnel))
+	}
 	return errors.Join(append(errs, c.validateReplicas()...)...)
 }
 
@@ -212,6 +222,12 @@ func (c *Config) Validate() error {
 // connections each, and the moment a client reconnects while its old
 // session has not ended yet.
 const defaultMaxSessionsPerTunnel = 16
+
+// defaultMaxRequestsPerTunnel is far more than a runtime's platform traffic
+// needs at once (long polls and event streams included), and keeps one
+// tunnel's flood from taking a replica's memory: each request in flight
+// holds a goroutine, a stream and its buffers.
+const defaultMaxRequestsPerTunnel = 1024
 
 // validateReplicas checks the settings of a replica among several.
 func (c *Config) validateReplicas() []error {
@@ -289,6 +305,7 @@ type Server struct {
 	tlsConfig  *tls.Config
 	registry   registry.Registry
 	sessions   *sessionTable
+	inflight   *inflight // requests in flight per tunnel
 	metrics    *metrics
 	anonymous  *anonymousSlots
 	// floodLog is log, sampled: for what a client can make the server log
@@ -370,6 +387,7 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
 	}))
 	s.sessions = newSessionTable(s.registry)
+	s.inflight = newInflight(cfg.MaxRequestsPerTunnel)
 	s.metrics = newMetrics(s.sessions, s.anonymous, s.registry)
 	return s, nil
 }

@@ -1,0 +1,405 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.uber.org/zap"
+	"go.uber.org/zap/zapcore"
+	"golang.org/x/net/http/httpguts"
+)
+
+// forward sends req to the route's upstream and copies the answer back. It
+// does what httputil.ReverseProxy did for the router, for the router's
+// needs only: the outbound request shares the caller's header values instead
+// of a deep copy, and 1xx responses go straight to w instead of through an
+// httptrace hook. See the package doc for the behaviour.
+func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
+	out, err := rt.outbound(in)
+	if err != nil {
+		rt.handleError(w, in, err)
+		return
+	}
+	if body, ok := out.Body.(*callerBody); ok {
+		// The body's writer may outlive this handler (an upstream that
+		// answered before reading it): it must not read the caller's body
+		// after ServeHTTP returns.
+		defer body.stop()
+	}
+
+	var start time.Time
+	if rt.metrics != nil {
+		start = time.Now()
+	}
+	res, err := rt.transport.roundTrip(out, rt.Timeout, w)
+	if err != nil {
+		rt.handleError(w, out, err)
+		return
+	}
+	if rt.metrics != nil {
+		rt.metrics.latency.Observe(time.Since(start).Seconds())
+	}
+	if res.StatusCode == http.StatusSwitchingProtocols {
+		rt.switchProtocols(w, out, res)
+		return
+	}
+
+	h := w.Header()
+	copyEndToEnd(h, res.Header)
+	announced := len(res.Trailer)
+	if announced > 0 {
+		keys := make([]string, 0, announced)
+		for k := range res.Trailer {
+			keys = append(keys, k)
+		}
+		h.Add("Trailer", strings.Join(keys, ", "))
+	}
+	w.WriteHeader(res.StatusCode)
+	if err := rt.copyBody(w, res); err != nil {
+		res.Body.Close()
+		// The response is under way: all that is left is to abort it, so
+		// that the caller sees it cut short rather than complete.
+		if in.Context().Value(http.ServerContextKey) != nil {
+			panic(http.ErrAbortHandler)
+		}
+		return
+	}
+	res.Body.Close() // now, for res.Trailer
+	if len(res.Trailer) == 0 {
+		return
+	}
+	// Force chunking: a short body would otherwise get a Content-Length and
+	// no room for trailers.
+	_ = http.NewResponseController(w).Flush()
+	if len(res.Trailer) == announced {
+		for k, vv := range res.Trailer {
+			h[k] = vv
+		}
+		return
+	}
+	for k, vv := range res.Trailer {
+		for _, v := range vv {
+			h.Add(http.TrailerPrefix+k, v)
+		}
+	}
+}
+
+// outbound builds the request to the upstream: the caller's, pointed at
+// the route's upstream, with its end-to-end headers and the forwarding
+// headers the tunnel server's entry set. The header values are shared with
+// in and must not be modified.
+func (rt *route) outbound(in *http.Request) (*http.Request, error) {
+	rp, err := splitPath(in.URL)
+	if err != nil {
+		return nil, err // ServeHTTP validated the path already
+	}
+	u := &url.URL{
+		Scheme:   rt.Upstream.Scheme,
+		Host:     rt.Upstream.Host,
+		RawQuery: cleanQuery(in.URL.RawQuery),
+	}
+	u.Path, u.RawPath = rewrite(rp, rt.Prefix, rt.Upstream)
+
+	h := make(http.Header, len(in.Header)+1)
+	for k, vv := range in.Header {
+		if !hopByHop(k) && !notForUpstream(k) {
+			h[k] = vv
+		}
+	}
+	deleteListed(h, in.Header)
+	// Only websocket upgrades pass through the tunnel; h2c and others are
+	// hop-by-hop here.
+	if up := upgradeType(in.Header); up != "" && strings.EqualFold(up, "websocket") {
+		h["Connection"] = upgradeConnection
+		h["Upgrade"] = []string{up}
+	}
+	// Tell an upstream that cares that trailers reach the caller (Go issue
+	// 21096).
+	if httpguts.HeaderValuesContainsToken(in.Header["Te"], "trailers") {
+		h["Te"] = teTrailers
+	}
+	if rt.strip && rt.Prefix != "/" {
+		prior := strings.TrimSuffix(in.Header.Get("X-Forwarded-Prefix"), "/")
+		h["X-Forwarded-Prefix"] = []string{prior + rt.Prefix}
+	}
+	if _, ok := h["User-Agent"]; !ok {
+		// Send none rather than Go's default.
+		h["User-Agent"] = noUserAgent
+	}
+
+	out := in.WithContext(in.Context()) // a shallow copy
+	out.URL = u
+	// The upstream sees its own host, as it would from a client in the
+	// cluster; the caller's host travels in X-Forwarded-Host.
+	out.Host = ""
+	out.RequestURI = ""
+	out.Header = h
+	out.Close = false
+	out.Body = nil
+	if in.ContentLength != 0 && in.Body != nil && in.Body != http.NoBody {
+		out.Body = &callerBody{r: in.Body}
+	}
+	return out, nil
+}
+
+// Header values the router sets, shared by every request: never modified.
+var (
+	upgradeConnection = []string{"Upgrade"}
+	teTrailers        = []string{"trailers"}
+	noUserAgent       = []string{""}
+)
+
+// hopByHop reports whether the header named k (canonical) is for one hop
+// only (RFC 9110, section 7.6.1, and the headers older proxies use).
+func hopByHop(k string) bool {
+	switch k {
+	case "Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+		"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade":
+		return true
+	}
+	return false
+}
+
+// notForUpstream reports whether the caller's header named k never reaches
+// an upstream: Forwarded, which no hop vouches for (the entry's
+// X-Forwarded-* are passed on), and Proxy-* headers, which are for proxies;
+// "Proxy" is httpoxy (CVE-2016-5385).
+func notForUpstream(k string) bool {
+	return k == "Forwarded" || k == "Proxy" || strings.HasPrefix(k, "Proxy-")
+}
+
+// deleteListed deletes from h the headers that src's Connection header
+// names: they are hop-by-hop too.
+func deleteListed(h, src http.Header) {
+	for _, v := range src["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if f = textproto.TrimString(f); f != "" {
+				delete(h, textproto.CanonicalMIMEHeaderKey(f))
+			}
+		}
+	}
+}
+
+// copyEndToEnd copies the end-to-end headers of src into h, sharing the
+// values.
+func copyEndToEnd(h, src http.Header) {
+	for k, vv := range src {
+		if !hopByHop(k) {
+			h[k] = vv
+		}
+	}
+	deleteListed(h, src)
+}
+
+// upgradeType is the protocol h asks to switch to, "" for none.
+func upgradeType(h http.Header) string {
+	if !httpguts.HeaderValuesContainsToken(h["Connection"], "Upgrade") {
+		return ""
+	}
+	return h.Get("Upgrade")
+}
+
+// maxQueryParams is url.ParseQuery's limit.
+const maxQueryParams = 10000
+
+// cleanQuery drops the query parameters Go's server could not parse (";" as
+// a separator, a bad escape, beyond url.ParseQuery's limit), as
+// ReverseProxy does: a query the upstream reads differently from tether is a
+// way to smuggle parameters past it.
+func cleanQuery(q string) string {
+	if strings.Count(q, "&")+1 > maxQueryParams {
+		return reencodeQuery(q)
+	}
+	for i := 0; i < len(q); {
+		switch q[i] {
+		case ';':
+			return reencodeQuery(q)
+		case '%':
+			if i+2 >= len(q) || !isHex(q[i+1]) || !isHex(q[i+2]) {
+				return reencodeQuery(q)
+			}
+			i += 3
+		default:
+			i++
+		}
+	}
+	return q
+}
+
+func reencodeQuery(q string) string {
+	v, _ := url.ParseQuery(q)
+	return v.Encode()
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+// errBodyAfterHandler: the caller's body was read after its handler
+// returned, which net/http does not allow.
+var errBodyAfterHandler = errors.New("request body read after the handler returned")
+
+// callerBody is the caller's request body as the transport sees it:
+// closing it stops further reads (the body's writer may outlive the
+// handler) and leaves the caller's body to the HTTP server, which closes
+// it.
+type callerBody struct {
+	r      io.ReadCloser
+	closed atomic.Bool
+}
+
+func (b *callerBody) Read(p []byte) (int, error) {
+	if b.closed.Load() {
+		return 0, errBodyAfterHandler
+	}
+	return b.r.Read(p)
+}
+
+// Close stops further reads.
+func (b *callerBody) Close() error {
+	b.stop()
+	return nil
+}
+
+func (b *callerBody) stop() { b.closed.Store(true) }
+
+// copyBody copies the response body to w. Streams (server-sent events, and
+// bodies of unknown length: watch streams, long polls, chunked downloads)
+// are flushed at every write; a body of known length goes out in full
+// buffers, without a system call per write.
+func (rt *route) copyBody(w http.ResponseWriter, res *http.Response) error {
+	flush := res.ContentLength == -1 || isEventStream(res.Header.Get("Content-Type"))
+	var rc *http.ResponseController
+	if flush {
+		rc = http.NewResponseController(w)
+	}
+	buf := rt.buffers.Get()
+	defer rt.buffers.Put(buf)
+	for {
+		n, rerr := res.Body.Read(buf)
+		if n > 0 {
+			if _, err := w.Write(buf[:n]); err != nil {
+				return err
+			}
+			if flush {
+				if err := rc.Flush(); err != nil {
+					return err
+				}
+			}
+		}
+		switch {
+		case rerr == nil:
+		case errors.Is(rerr, io.EOF):
+			return nil
+		default:
+			if !errors.Is(rerr, context.Canceled) {
+				if ce := rt.log.Check(zapcore.DebugLevel, "response body cut short"); ce != nil {
+					ce.Write(zap.Error(rerr))
+				}
+			}
+			return rerr
+		}
+	}
+}
+
+// isEventStream reports whether the media type of ct is text/event-stream.
+func isEventStream(ct string) bool {
+	mt, _, _ := strings.Cut(ct, ";")
+	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
+}
+
+// switchProtocols completes a protocol switch (a websocket): it sends the
+// upstream's 101 to the caller on the hijacked connection, then copies
+// bytes both ways until either side ends.
+func (rt *route) switchProtocols(w http.ResponseWriter, out *http.Request, res *http.Response) {
+	backend, ok := res.Body.(io.ReadWriteCloser)
+	if !ok {
+		res.Body.Close()
+		rt.handleError(w, out, errors.New("101 response with a body that cannot be written"))
+		return
+	}
+	defer backend.Close()
+	if want, got := upgradeType(out.Header), upgradeType(res.Header); !strings.EqualFold(want, got) {
+		rt.handleError(w, out, fmt.Errorf("upstream switched to protocol %q when %q was asked for", got, want))
+		return
+	}
+	conn, brw, err := http.NewResponseController(w).Hijack()
+	if err != nil {
+		rt.handleError(w, out, fmt.Errorf("take over the caller's connection for a protocol switch: %w", err))
+		return
+	}
+	defer conn.Close()
+	// The request's end (the server shutting down) ends the switched
+	// connection too.
+	stop := context.AfterFunc(out.Context(), func() { backend.Close() })
+	defer stop()
+
+	h := w.Header()
+	for k, vv := range res.Header {
+		h[k] = vv
+	}
+	res.Header = h
+	res.Body = nil // res.Write writes the head only
+	if err := res.Write(brw); err != nil {
+		rt.log.Debug("protocol switch: write the 101 response to the caller", zap.Error(err))
+		return
+	}
+	if err := brw.Flush(); err != nil {
+		rt.log.Debug("protocol switch: write the 101 response to the caller", zap.Error(err))
+		return
+	}
+	var fromCaller io.Reader = conn
+	if n := brw.Reader.Buffered(); n > 0 {
+		// What the caller sent after its request, read with it.
+		fromCaller = io.MultiReader(io.LimitReader(brw.Reader, int64(n)), conn)
+	}
+	ended := make(chan bool, 2)
+	go copySwitched(backend, fromCaller, ended)
+	go copySwitched(conn, backend, ended)
+	// Both directions end, or one does and the other cannot be told.
+	if <-ended {
+		<-ended
+	}
+}
+
+// copySwitched copies one direction of a switched connection, then closes
+// dst for writing when it can, so that the other side sees the end. It
+// sends on ended whether the other direction may go on.
+func copySwitched(dst io.Writer, src io.Reader, ended chan<- bool) {
+	if _, err := io.Copy(dst, src); err != nil {
+		ended <- false
+		return
+	}
+	cw, ok := dst.(interface{ CloseWrite() error })
+	ended <- ok && cw.CloseWrite() == nil
+}
+
+// copyBufSize is the size of the buffers that copy response bodies.
+const copyBufSize = 32 << 10
+
+// bufferPool recycles the buffers that copy response bodies (32 KiB), so
+// that a response allocates none. Buffers are kept as array pointers so that
+// Put does not allocate.
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if buf, ok := b.p.Get().(*[copyBufSize]byte); ok {
+		return buf[:]
+	}
+	return make([]byte, copyBufSize)
+}
+
+func (b *bufferPool) Put(buf []byte) {
+	if len(buf) == copyBufSize {
+		b.p.Put((*[copyBufSize]byte)(buf))
+	}
+}
