@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -141,4 +142,67 @@ func TestDialProtocol(t *testing.T) {
 			t.Errorf("%s: accepted", name)
 		}
 	}
+}
+
+// Copy reads into a large buffer only while its source has more ready than
+// the small one holds: a stream that trickles or idles holds the small
+// buffer alone. Every byte arrives either way.
+func TestCopyBuffers(t *testing.T) {
+	small, large := smallCopyBuffer, MaxBulkWrite
+	// What the source has ready, burst by burst; a read takes what is
+	// ready, up to its buffer's size.
+	bursts := []int{100, small, 3 * large, 500, 7, small + 1, 10}
+	want := []int{ // the buffer each read is given
+		small,               // 100: less than the small buffer holds
+		small,               // fills it: more is likely waiting
+		large, large, large, // the burst of three large buffers
+		large, // 500: the source caught up, and the next read may wait
+		small, // 7
+		small, // fills it
+		large, // the last byte of that burst
+		small, // 10
+		small, // EOF
+	}
+	total := 0
+	for _, b := range bursts {
+		total += b
+	}
+	src := &burstReader{bursts: bursts}
+	var dst bytes.Buffer
+	n, err := Copy(&dst, src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n != int64(total) || !bytes.Equal(dst.Bytes(), src.sent.Bytes()) {
+		t.Fatalf("copied %d bytes (%d arrived intact: %v), want the %d sent", n, dst.Len(), bytes.Equal(dst.Bytes(), src.sent.Bytes()), total)
+	}
+	if !slices.Equal(src.sizes, want) {
+		t.Errorf("reads were given buffers of %v bytes, want %v", src.sizes, want)
+	}
+}
+
+// burstReader serves bursts of bytes (a counter) and records the size of
+// the buffer each read is given.
+type burstReader struct {
+	bursts []int
+	sizes  []int
+	sent   bytes.Buffer
+	next   byte
+}
+
+func (r *burstReader) Read(p []byte) (int, error) {
+	r.sizes = append(r.sizes, len(p))
+	if len(r.bursts) == 0 {
+		return 0, io.EOF
+	}
+	n := min(len(p), r.bursts[0])
+	if r.bursts[0] -= n; r.bursts[0] == 0 {
+		r.bursts = r.bursts[1:]
+	}
+	for i := range p[:n] {
+		p[i] = r.next
+		r.next++
+	}
+	r.sent.Write(p[:n])
+	return n, nil
 }
