@@ -8,7 +8,7 @@ import (
 
 // MaxBulkWrite is the most Copy writes to a stream at once, and so the
 // largest yamux data frame a bulk transfer makes. A frame costs, whatever
-// its size, a hand-over to the session's send loop, its TLS writes and a
+// its size, a hand-over to the session's send loop, a TCP write and a
 // wake-up of the peer's reader, so larger frames cost less per byte; but
 // hashicorp/yamux (v0.1.2) copies each frame's body into a buffer of the
 // session's send loop, which keeps the size of the largest frame for the
