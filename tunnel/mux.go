@@ -3,6 +3,7 @@ package tunnel
 import (
 	"encoding/binary"
 	"net"
+	"slices"
 	"sync"
 	"time"
 
@@ -74,47 +75,131 @@ func (l *ConnListener) Addr() net.Addr { return l.addr }
 const (
 	yamuxHeaderSize = 12
 	yamuxTypeData   = 0
-	// coalesceLimit is the largest body copied to join its header; a
-	// larger body amortises the header's own write.
-	coalesceLimit = 64 << 10
 )
 
-// CoalesceFrames wraps the connection under a yamux session so that a data
-// frame's header and body leave in one write. yamux writes them separately,
-// and over TLS each write is a record and a system call of its own: joining
-// them halves the cost of every small frame (a request, a response).
+// CoalesceFrames wraps the connection under a yamux session so that each
+// data frame, header and body, leaves in one write of the network
+// connection. g is the Gatherer under conn's TLS; nil gathers on conn
+// itself (a connection without TLS beneath, as in tests).
 //
-// Only yamux's send loop writes to the returned conn, one goroutine, which
-// is what makes holding a header until its body arrives safe. A header is
-// held only when it announces a body.
-func CoalesceFrames(conn net.Conn) net.Conn { return &coalescingConn{Conn: conn} }
+// yamux writes a frame's header and its body separately, and TLS writes
+// each record (at most 16 KiB of data) with a system call of its own: a
+// frame would cost one TCP write for its header and one per 16 KiB of body,
+// and each TCP write may wake the peer's reader. Per request and per byte,
+// these system calls and wake-ups cost the tunnel more than encryption.
+//
+// Only yamux's send loop writes to the returned conn, one goroutine: the
+// gathering a header starts ends with the next write, its body.
+func CoalesceFrames(conn net.Conn, g *Gatherer) net.Conn {
+	if g == nil {
+		g = NewGatherer(conn)
+		conn = g
+	}
+	return &coalescingConn{Conn: conn, g: g}
+}
 
 type coalescingConn struct {
 	net.Conn
-	header [yamuxHeaderSize]byte
-	held   bool
-	buf    []byte
+	g    *Gatherer
+	body bool // a header announcing a body was gathered: the body is next
 }
 
 func (c *coalescingConn) Write(p []byte) (int, error) {
-	if c.held {
-		c.held = false
-		if len(p) > coalesceLimit {
-			if _, err := c.Conn.Write(c.header[:]); err != nil {
-				return 0, err
-			}
-			return c.Conn.Write(p)
+	if c.body {
+		c.body = false
+		n, err := c.Conn.Write(p)
+		if ferr := c.g.stop(); err == nil {
+			err = ferr
 		}
-		c.buf = append(append(c.buf[:0], c.header[:]...), p...)
-		if _, err := c.Conn.Write(c.buf); err != nil {
+		return n, err
+	}
+	if len(p) != yamuxHeaderSize || p[1] != yamuxTypeData || binary.BigEndian.Uint32(p[8:12]) == 0 {
+		return c.Conn.Write(p)
+	}
+	c.g.start()
+	n, err := c.Conn.Write(p)
+	if err != nil {
+		_ = c.g.stop()
+		return n, err
+	}
+	c.body = true
+	return n, nil
+}
+
+const (
+	// gatherLimit bounds what a Gatherer holds: a frame of MaxBulkWrite
+	// bytes leaves in one write, with room for what TLS (22 bytes a
+	// record) and a websocket add; a larger one in writes of about this
+	// size.
+	gatherLimit = MaxBulkWrite + MaxBulkWrite/64
+	// gatherSmall is what a gather buffer grows to by appending; past it,
+	// a bulk frame is under way and it grows to gatherLimit at once.
+	gatherSmall = 64 << 10
+)
+
+// gatherBuffers holds the Gatherers' buffers between frames, so that an
+// idle session holds none.
+var gatherBuffers = sync.Pool{New: func() any { return new([]byte) }}
+
+// A Gatherer is the connection under a session's TLS: between start and
+// stop it gathers what TLS writes (a frame's records) into one write of the
+// connection beneath, and otherwise writes straight through. Writes keep
+// their order whoever makes them: TLS's own (an alert, a key update) that
+// come while gathering are gathered too.
+type Gatherer struct {
+	net.Conn
+	mu  sync.Mutex
+	buf *[]byte // from gatherBuffers between start and stop
+}
+
+// NewGatherer returns conn with gathering stopped.
+func NewGatherer(conn net.Conn) *Gatherer { return &Gatherer{Conn: conn} }
+
+// start gathers the writes that follow, until stop.
+func (g *Gatherer) start() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.buf = gatherBuffers.Get().(*[]byte)
+}
+
+// stop writes out what was gathered and lets later writes through.
+func (g *Gatherer) stop() error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	err := g.flush()
+	gatherBuffers.Put(g.buf)
+	g.buf = nil
+	return err
+}
+
+func (g *Gatherer) Write(p []byte) (int, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.buf == nil {
+		return g.Conn.Write(p)
+	}
+	if len(*g.buf)+len(p) > gatherLimit {
+		if err := g.flush(); err != nil {
 			return 0, err
 		}
-		return len(p), nil
+		if len(p) > gatherLimit {
+			return g.Conn.Write(p)
+		}
 	}
-	if len(p) == yamuxHeaderSize && p[1] == yamuxTypeData && binary.BigEndian.Uint32(p[8:12]) > 0 {
-		copy(c.header[:], p)
-		c.held = true
-		return len(p), nil
+	if n := len(*g.buf) + len(p); n > cap(*g.buf) && n > gatherSmall {
+		*g.buf = slices.Grow(*g.buf, gatherLimit-len(*g.buf))
 	}
-	return c.Conn.Write(p)
+	*g.buf = append(*g.buf, p...)
+	return len(p), nil
+}
+
+// flush writes out what was gathered. g.mu is held.
+func (g *Gatherer) flush() error {
+	b := *g.buf
+	*g.buf = b[:0]
+	if len(b) == 0 {
+		return nil
+	}
+	_, err := g.Conn.Write(b)
+	return err
 }

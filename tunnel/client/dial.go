@@ -57,20 +57,37 @@ func (d *dialer) dial(ctx context.Context) (conn net.Conn, via string, err error
 	if err != nil {
 		return nil, "", err
 	}
-	tlsConn := tls.Client(raw, d.tlsConfig)
+	gatherer := tunnel.NewGatherer(raw)
+	tlsConn := tls.Client(gatherer, d.tlsConfig)
 	if err := tlsConn.HandshakeContext(ctx); err != nil {
 		_ = raw.Close()
 		return nil, "", fmt.Errorf("TLS handshake with %s: %w", d.cfg.Server, explainTLS(err))
 	}
 	if d.cfg.Transport != "wss" {
-		return tlsConn, via, nil
+		return &sessionConn{Conn: tlsConn, gatherer: gatherer}, via, nil
 	}
 	ws, err := upgradeWebsocket(ctx, tlsConn, d.tlsConfig.ServerName, d.cfg.Server)
 	if err != nil {
 		_ = tlsConn.Close()
 		return nil, "", err
 	}
-	return ws, via, nil
+	return &sessionConn{Conn: ws, gatherer: gatherer}, via, nil
+}
+
+// sessionConn is a connection to the server (TLS, or wss) and the Gatherer
+// under its TLS, for tunnel.CoalesceFrames.
+type sessionConn struct {
+	net.Conn
+	gatherer *tunnel.Gatherer
+}
+
+// gathererOf returns the Gatherer under conn, or nil when conn did not
+// come from a dialer.
+func gathererOf(conn net.Conn) *tunnel.Gatherer {
+	if sc, ok := conn.(*sessionConn); ok {
+		return sc.gatherer
+	}
+	return nil
 }
 
 // dialTCP connects to target directly (proxyURL nil) or through the proxy.

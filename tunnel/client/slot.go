@@ -108,7 +108,7 @@ func (s *slot) connect(ctx context.Context, sessions *sync.WaitGroup) outcome {
 		}
 		return outcome{}
 	}
-	mux, err := yamux.Client(tunnel.CoalesceFrames(conn), tunnel.MuxConfig(s.c.cfg.HeartbeatTimeout, s.log))
+	mux, err := yamux.Client(tunnel.CoalesceFrames(conn, gathererOf(conn)), tunnel.MuxConfig(s.c.cfg.HeartbeatTimeout, s.log))
 	if err != nil {
 		_ = conn.Close()
 		s.c.status.onFailed(s.index, nil, err)

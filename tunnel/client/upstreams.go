@@ -3,7 +3,6 @@ package client
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"os"
 	"sync"
@@ -118,10 +117,7 @@ func splice(stream, upstream net.Conn) {
 
 // pump copies src to dst, then closes dst for writing.
 func pump(dst, src net.Conn) {
-	buf := copyBuffers.Get().(*[]byte)
-	_, err := io.CopyBuffer(dst, src, *buf)
-	copyBuffers.Put(buf)
-	if err != nil {
+	if _, err := tunnel.Copy(dst, src); err != nil {
 		// One side broke: end both, so that the other pump ends too.
 		_ = dst.Close()
 		_ = src.Close()
@@ -133,5 +129,3 @@ func pump(dst, src net.Conn) {
 		_ = dst.Close() // a yamux stream's Close sends FIN and still reads
 	}
 }
-
-var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}

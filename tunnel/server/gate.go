@@ -100,7 +100,8 @@ func (s *serving) refuseConn(conn net.Conn, reason string) {
 func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 	defer slot.release()
 	limits := newConnLimits(loginBudget)
-	conn, transport, err := s.handshake(&budgetConn{Conn: raw, limits: limits})
+	gatherer := tunnel.NewGatherer(&budgetConn{Conn: raw, limits: limits})
+	conn, transport, err := s.handshake(gatherer)
 	if err != nil {
 		_ = raw.Close()
 		if lim := limits.tripped.Load(); lim != nil {
@@ -111,7 +112,7 @@ func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 	}
 	counted := &countingConn{Conn: &closeFirst{Conn: conn, raw: raw}}
 	guard := &muxGuard{Conn: counted, limits: limits}
-	mux, err := yamux.Server(tunnel.CoalesceFrames(guard), s.yamuxConfig())
+	mux, err := yamux.Server(tunnel.CoalesceFrames(guard, gatherer), s.yamuxConfig())
 	if err != nil {
 		_ = conn.Close()
 		s.log.Error("start yamux session", zap.Error(err))
