@@ -72,7 +72,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzReadOpening$$' -fuzztime $(FUZZTIME) ./tunnel/server/
 
 bench: ## Go benchmarks of the request path (see also bench-compare)
-	$(GO) test -run '^$$' -bench . -benchmem ./tunnel/server/ ./tunnel/server/registry/ ./proxy/
+	$(GO) test -run '^$$' -bench . -benchmem ./tunnel/server/ ./tunnel/server/registry/ ./proxy/ ./auth/
 
 bench-compare: build ## BENCHMARKS.md: tether beside no tunnel, frp, chisel (~20 min; BENCH_FLAGS=-q: quick)
 	bench/compare.sh $(BENCH_FLAGS)
