@@ -97,8 +97,25 @@ func (s *serving) refuseConn(conn net.Conn, reason string) {
 
 // serveTunnelConn runs one client connection until it ends. slot is its
 // place among the anonymous connections, given back at login or at the end.
+//
+// The goroutine lives as long as the session, almost always idle in
+// acceptStreams: the handshake and the setup run in functions of their own,
+// so that their frames are gone by then, and the garbage collector shrinks
+// the goroutine's stack (grown by the handshake) to the little it then
+// uses. A stack keeps at least four times what it uses.
 func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 	defer slot.release()
+	sess := s.openSession(raw, slot)
+	if sess == nil {
+		return
+	}
+	endErr := s.acceptStreams(sess)
+	s.endSession(sess, endErr)
+}
+
+// openSession makes the TLS (or wss) connection and its yamux session, and
+// records the session; nil when the handshake failed.
+func (s *serving) openSession(raw net.Conn, slot *anonymousSlot) *Session {
 	limits := newConnLimits(loginBudget)
 	gatherer := tunnel.NewGatherer(&budgetConn{Conn: raw, limits: limits})
 	conn, transport, err := s.handshake(gatherer)
@@ -108,7 +125,7 @@ func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 			s.metrics.sessionsLimited.WithLabelValues(lim.reason).Inc()
 		}
 		s.floodLog.Debug("tunnel handshake failed", zap.String("client_address", raw.RemoteAddr().String()), zap.Error(err))
-		return
+		return nil
 	}
 	counted := &countingConn{Conn: &closeFirst{Conn: conn, raw: raw}}
 	guard := &muxGuard{Conn: counted, limits: limits}
@@ -116,54 +133,66 @@ func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 	if err != nil {
 		_ = conn.Close()
 		s.log.Error("start yamux session", zap.Error(err))
-		return
+		return nil
 	}
-	sess := newSession(newSessionID(), counted, mux, transport, s.log.Named("session"))
+	sess := newSession(newSessionID(), counted, mux, transport, s.sessionLog)
 	sess.limits, sess.slot = limits, slot
 	s.sessions.add(sess)
 	// The login must arrive early enough to leave time for its check.
 	openBy := min(loginOpeningTimeout, s.cfg.LoginTimeout/2)
-	sess.after(openBy, func() {
+	sess.untilLogin(openBy, func() {
 		if !sess.opened.Load() {
 			s.closeAtLimit(sess, &limitError{reason: limitNoLogin,
 				detail: fmt.Sprintf("no login within %v of the handshake", openBy)})
 		}
 	})
-	sess.after(s.cfg.LoginTimeout, func() {
+	sess.untilLogin(s.cfg.LoginTimeout, func() {
 		if sess.Tunnel() == "" {
 			s.closeAtLimit(sess, &limitError{reason: limitLoginTimeout,
 				detail: fmt.Sprintf("no successful login within %v", s.cfg.LoginTimeout)})
 		}
 	})
+	return sess
+}
 
-	var streams sync.WaitGroup
-	var endErr error
+// acceptStreams admits the streams the client opens until the session
+// ends, and returns why it ended.
+func (s *serving) acceptStreams(sess *Session) error {
 	for {
-		stream, err := mux.AcceptStream()
+		stream, err := sess.mux.AcceptStream()
 		if err != nil {
-			endErr = err
-			break
+			return err
 		}
-		// Before login muxGuard lets one stream through; this bounds the
-		// streams of a logged-in client.
-		if n := sess.clientStreams.Add(1); n > maxClientStreams {
-			_ = stream.Close()
-			s.closeAtLimit(sess, &limitError{reason: limitStreams,
-				detail: fmt.Sprintf("opened more than %d streams at once", maxClientStreams)})
-			continue // AcceptStream now fails
-		}
-		cs := &clientStream{Stream: stream, sess: sess}
-		if !sess.track(stream) {
-			_ = cs.Close()
-			continue
-		}
-		streams.Go(func() { s.admitStream(sess, cs) })
+		s.acceptStream(sess, stream)
 	}
-	if lim := limits.tripped.Load(); lim != nil {
+}
+
+// acceptStream starts admitting a stream the client opened.
+func (s *serving) acceptStream(sess *Session, stream *yamux.Stream) {
+	// Before login muxGuard lets one stream through; this bounds the
+	// streams of a logged-in client.
+	if n := sess.clientStreams.Add(1); n > maxClientStreams {
+		_ = stream.Close()
+		s.closeAtLimit(sess, &limitError{reason: limitStreams,
+			detail: fmt.Sprintf("opened more than %d streams at once", maxClientStreams)})
+		return // AcceptStream now fails
+	}
+	cs := &clientStream{Stream: stream, sess: sess}
+	if !sess.track(stream) {
+		_ = cs.Close()
+		return
+	}
+	sess.admitting.Go(func() { s.admitStream(sess, cs) })
+}
+
+// endSession closes the session, which ended for endErr, waits for its
+// streams' admission and forgets it.
+func (s *serving) endSession(sess *Session, endErr error) {
+	if lim := sess.limits.tripped.Load(); lim != nil {
 		s.closeAtLimit(sess, lim)
 	}
 	sess.Close("connection lost: " + describeEnd(endErr))
-	streams.Wait()
+	sess.admitting.Wait()
 	s.sessions.leave(sess)
 	sess.finish()
 	if sess.Tunnel() != "" {
@@ -401,10 +430,20 @@ func (c *closeFirst) Close() error {
 	return err
 }
 
-// bufferedConn reads through the reader that peeked at the connection.
+// bufferedConn reads through the reader that peeked at the connection
+// until what it peeked has been read, then from the connection: the reader
+// goes, and with it a layer of every read for the connection's life.
 type bufferedConn struct {
 	net.Conn
 	r *bufio.Reader
 }
 
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *bufferedConn) Read(p []byte) (int, error) {
+	if c.r != nil {
+		if c.r.Buffered() > 0 {
+			return c.r.Read(p)
+		}
+		c.r = nil
+	}
+	return c.Conn.Read(p)
+}

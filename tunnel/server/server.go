@@ -311,6 +311,8 @@ type Server struct {
 	// floodLog is log, sampled: for what a client can make the server log
 	// as often as it likes (refused connections and streams, limits).
 	floodLog *zap.Logger
+	// sessionLog is every session's logger, made once.
+	sessionLog *zap.Logger
 
 	// refusalLog logs the entry's refusals of CONNECT and absolute-form
 	// targets, sampled: anyone on the internet can send those.
@@ -386,6 +388,7 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 		// Per message: the first 5 every 10s, then none until the next 10s.
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
 	}))
+	s.sessionLog = log.Named("session")
 	s.sessions = newSessionTable(s.registry)
 	s.inflight = newInflight(cfg.MaxRequestsPerTunnel)
 	s.metrics = newMetrics(s.sessions, s.anonymous, s.registry)

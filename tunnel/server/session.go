@@ -9,7 +9,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tether-dev/tether/auth"
-	"github.com/tether-dev/tether/proxy"
 )
 
 // Session is one connected tunnel client: a TLS (or websocket) connection
@@ -28,7 +27,7 @@ type Session struct {
 	connectedAt time.Time
 	mux         *yamux.Session
 	conn        *countingConn
-	baseLog     *zap.Logger
+	baseLog     *zap.Logger // see logger
 
 	// Set by the gate before the session is shared: the connection's
 	// limits, and its place among the anonymous connections. The login
@@ -36,8 +35,10 @@ type Session struct {
 	limits *connLimits
 	slot   *anonymousSlot
 	// clientStreams counts the streams the client opened that are still
-	// open here.
+	// open here, and admitting the goroutines that read their first
+	// message (gate.go).
 	clientStreams atomic.Int32
+	admitting     sync.WaitGroup
 	// dialed counts the streams the server opened to the client's upstreams
 	// (dial.go) that are still open: a drain waits for them to end.
 	dialed atomic.Int32
@@ -74,13 +75,13 @@ type Session struct {
 	runID         string // frp run ID, scoped to the tunnel (auth.ScopedRunID)
 	loggedInAt    time.Time
 	clientVersion string
-	routes        []proxy.Route // a tether client's routes, parsed at login; nil for a stock frpc
+	stockClient   bool // a stock frpc, which advertised no routes
 	handler       sessionHandler
-	route         string      // the registered frp proxy name; "" while none
-	log           *zap.Logger // baseLog with the tunnel name once logged in
+	route         string // the registered frp proxy name; "" while none
 	closeReason   string
 	timers        []*time.Timer
-	onEnd         []func() // run once the session has ended
+	loginTimers   []*time.Timer // stopped at login
+	onEnd         []func()      // run once the session has ended
 }
 
 func newSession(id string, conn *countingConn, mux *yamux.Session, transport string, log *zap.Logger) *Session {
@@ -92,16 +93,19 @@ func newSession(id string, conn *countingConn, mux *yamux.Session, transport str
 		mux:         mux,
 		conn:        conn,
 		baseLog:     log,
-		log:         log,
 		streams:     make(map[*yamux.Stream]struct{}),
 	}
 }
 
-// logger returns the session's logger, which names the tunnel once logged in.
+// logger returns the session's logger, which names the tunnel once logged
+// in. It is made at each call rather than kept: a session logs a handful of
+// lines in its life, and a logger with a field holds a kilobyte of encoded
+// fields for as long as it is kept.
 func (s *Session) logger() *zap.Logger {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.log
+	if name := s.Tunnel(); name != "" {
+		return s.baseLog.With(zap.String("tunnel", name))
+	}
+	return s.baseLog
 }
 
 // Done is closed when the session has ended.
@@ -163,6 +167,9 @@ func (s *Session) setCloseReason(reason string) (first bool) {
 	for _, t := range s.timers {
 		t.Stop()
 	}
+	for _, t := range s.loginTimers {
+		t.Stop()
+	}
 	if s.silence != nil {
 		s.silence.Stop()
 	}
@@ -188,6 +195,16 @@ func (s *Session) after(d time.Duration, f func()) {
 		return
 	}
 	s.timers = append(s.timers, time.AfterFunc(d, f))
+}
+
+// untilLogin runs f after d unless the session closes or logs in first.
+func (s *Session) untilLogin(d time.Duration, f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closeReason != "" || s.claims != nil {
+		return
+	}
+	s.loginTimers = append(s.loginTimers, time.AfterFunc(d, f))
 }
 
 // atEnd registers f to run when the session has ended.
@@ -233,9 +250,9 @@ func (s *Session) advertisedRoutes() *string {
 }
 
 // bind makes the session the verified identity's, under its frp run ID.
-// routes are a tether client's parsed routes (nil for a stock frpc) and
-// handler is how requests will reach the client.
-func (s *Session) bind(claims *auth.Claims, runID string, routes []proxy.Route, handler sessionHandler) bool {
+// stock tells a stock frpc (which advertised no routes) from a tether
+// client, and handler is how requests will reach the client.
+func (s *Session) bind(claims *auth.Claims, runID string, stock bool, handler sessionHandler) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.claims != nil || s.closeReason != "" {
@@ -243,12 +260,15 @@ func (s *Session) bind(claims *auth.Claims, runID string, routes []proxy.Route, 
 	}
 	s.claims = claims
 	s.runID = runID
-	s.routes = routes
+	s.stockClient = stock
 	s.handler = handler
 	s.loggedInAt = time.Now()
 	s.limits.lift()
 	s.slot.release()
-	s.log = s.baseLog.With(zap.String("tunnel", claims.Tunnel))
+	for _, t := range s.loginTimers {
+		t.Stop()
+	}
+	s.loginTimers = nil
 	return true
 }
 
@@ -279,7 +299,7 @@ func (s *Session) RunID() string {
 func (s *Session) stock() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.routes == nil
+	return s.stockClient
 }
 
 // setRoute records the session's route; a session has at most one.
