@@ -366,7 +366,11 @@ func (s *serving) handshake(raw net.Conn) (net.Conn, string, error) {
 func (s *serving) yamuxConfig() *yamux.Config {
 	// yamux logs a line per odd frame (for a stream it reset, past its
 	// backlog), so its log is sampled like the refusals.
-	return tunnel.MuxConfig(s.cfg.HeartbeatTimeout, s.floodLog)
+	c := tunnel.MuxConfig(s.cfg.HeartbeatTimeout, s.floodLog)
+	// The server's heartbeat is watchHeartbeats: no goroutine and no ping
+	// per session while its client pings.
+	c.EnableKeepAlive = false
+	return c
 }
 
 // newSessionID returns 128 random bits as hex.

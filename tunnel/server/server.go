@@ -333,6 +333,7 @@ type serving struct {
 	frp     *embeddedFRP
 	peers   http.Handler // forwards to other replicas
 	notices sync.WaitGroup
+	pings   sync.WaitGroup // the heartbeat's (watchHeartbeats)
 }
 
 // Option customises a Server.
@@ -515,6 +516,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	}
 	g.Go(func() error { return serveHTTP(adminSrv, ls.Admin) })
 	g.Go(func() error { return sv.serveTunnel(ls.Tunnel) })
+	g.Go(func() error { sv.watchHeartbeats(gctx); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
 		sv.drain(ls.Tunnel, entrySrv, peerSrv)
@@ -538,6 +540,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	}
 	s.ready.Store(true)
 	err = g.Wait()
+	sv.pings.Wait() // their sessions are closed: they end at once
 	if ctx.Err() != nil && err == nil {
 		s.log.Info("tether server stopped")
 	}

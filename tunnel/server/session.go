@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -62,6 +63,8 @@ type Session struct {
 	// client that went silent.
 	silence   *time.Timer
 	onSilence func(*Session)
+	// beat is the heartbeat's view of the session (watchHeartbeats).
+	beat heartbeat
 
 	// requests counts the requests routed to this session by status class:
 	// index 1..5 for 1xx..5xx, index 0 for requests that failed before any
@@ -365,17 +368,34 @@ const (
 // silencePing, or onSilent is called. A request written on a pooled stream
 // of such a session would otherwise wait for an answer until the heartbeat
 // timeout.
+//
+// Only what a request may be waiting for is watched: a write while one of
+// the session's streams other than its control stream is open (a dialed
+// upstream connection, pooled or in use, or a stock frpc's work
+// connection), or any write of a stock frpc's session, which frp may ask
+// for a work connection on its control stream. A new dial watches its own
+// answer (dial.go). The rest, an idle session's answers to its client's
+// pings and control messages, awaits nothing, and arms no timer.
 func (s *Session) watchSilence(onSilent func(*Session)) {
+	stock := s.stock()
 	s.mu.Lock()
 	s.onSilence = onSilent
 	s.silence = time.AfterFunc(time.Hour, s.checkSilence)
 	s.silence.Stop()
 	s.mu.Unlock()
-	s.conn.watch(s.armSilence)
+	s.conn.watch(func() { s.armSilence(stock) })
 }
 
 // armSilence runs when a write starts to wait for an answer.
-func (s *Session) armSilence() { s.silence.Reset(silenceBound) }
+func (s *Session) armSilence(stock bool) {
+	if !stock && s.dialed.Load() == 0 && s.clientStreams.Load() <= 1 {
+		// Awaits nothing: taken as answered, so that the next write is
+		// looked at again.
+		s.conn.unanswered.Store(0)
+		return
+	}
+	s.silence.Reset(silenceBound)
+}
 
 func (s *Session) checkSilence() {
 	since := s.conn.unanswered.Load()
@@ -399,3 +419,72 @@ func (s *Session) checkSilence() {
 
 // suspect reports whether a recent dial through the session got no answer.
 func (s *Session) suspect(now time.Time) bool { return now.UnixNano() < s.suspectUntil.Load() }
+
+// The server's side of the heartbeat. yamux would ping every session from
+// a goroutine of its own, every third of the heartbeat timeout, whatever
+// the client sends. The server instead looks at all its sessions at once,
+// heartbeatSweeps times per heartbeat timeout, and pings only a session
+// from which nothing was read for two thirds of it (a client pings more
+// often than that: a tether client every third of its own heartbeat
+// timeout, frpc every 30s by default), and closes it when the ping is not
+// answered within a quarter of it. An idle session of a client that pings
+// thus costs the server no goroutine, no timer and no ping of its own, and
+// a dead client is still noticed within the heartbeat timeout: two thirds
+// of it silent, at most a sweep more to see it, a quarter for the answer.
+const heartbeatSweeps = 12
+
+// heartbeat is what the sweep knows of a session.
+type heartbeat struct {
+	// Touched by the sweep only: the bytes read from the client at the
+	// sweep that last saw them change, and when.
+	read  uint64
+	since time.Time
+	// pinging is set while the sweep's ping is out.
+	pinging atomic.Bool
+}
+
+// due reports whether a session whose client has sent read bytes so far
+// must be pinged at now: nothing read for quiet, and no ping out.
+func (b *heartbeat) due(read uint64, now time.Time, quiet time.Duration) bool {
+	if read != b.read || b.since.IsZero() {
+		b.read, b.since = read, now
+		return false
+	}
+	return now.Sub(b.since) >= quiet && b.pinging.CompareAndSwap(false, true)
+}
+
+// watchHeartbeats pings the sessions whose clients went quiet, and closes
+// those that do not answer, until ctx ends.
+func (s *serving) watchHeartbeats(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.HeartbeatTimeout / heartbeatSweeps)
+	defer tick.Stop()
+	quiet := s.cfg.HeartbeatTimeout * 2 / 3
+	var due []*Session
+	for {
+		var now time.Time
+		select {
+		case <-ctx.Done():
+			return
+		case now = <-tick.C:
+		}
+		due = due[:0]
+		s.sessions.each(func(sess *Session) {
+			if sess.beat.due(sess.conn.read.Load(), now, quiet) {
+				due = append(due, sess)
+			}
+		})
+		for _, sess := range due {
+			s.pings.Go(func() { s.heartbeatPing(sess) })
+		}
+		clear(due)
+	}
+}
+
+// heartbeatPing pings a quiet session, and closes it when its client does
+// not answer within a quarter of the heartbeat timeout.
+func (s *serving) heartbeatPing(sess *Session) {
+	defer sess.beat.pinging.Store(false)
+	if pingWithin(sess.mux, s.cfg.HeartbeatTimeout/4) != nil && sess.alive() {
+		sess.Close("connection lost: " + describeEnd(yamux.ErrKeepAliveTimeout))
+	}
+}
