@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fatedier/frp/pkg/msg"
@@ -75,7 +76,8 @@ func (s *serving) serveTunnel(ln net.Listener) error {
 			s.refuseConn(conn, refused)
 			continue
 		}
-		s.conns.Go(func() { s.serveTunnelConn(conn, slot) })
+		s.conns.Add(1) // done when the session has ended (runAccept)
+		go s.serveTunnelConn(conn, slot)
 	}
 }
 
@@ -95,22 +97,18 @@ func (s *serving) refuseConn(conn net.Conn, reason string) {
 		zap.String("client_address", conn.RemoteAddr().String()), zap.String("reason", reason), zap.Int("limit", limit))
 }
 
-// serveTunnelConn runs one client connection until it ends. slot is its
-// place among the anonymous connections, given back at login or at the end.
-//
-// The goroutine lives as long as the session, almost always idle in
-// acceptStreams: the handshake and the setup run in functions of their own,
-// so that their frames are gone by then, and the garbage collector shrinks
-// the goroutine's stack (grown by the handshake) to the little it then
-// uses. A stack keeps at least four times what it uses.
+// serveTunnelConn runs one client connection: the handshake, then the
+// loop that accepts the client's streams (runAccept) until the session
+// ends or the loop parks. slot is the connection's place among the
+// anonymous connections, given back at login or at the end.
 func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 	defer slot.release()
 	sess := s.openSession(raw, slot)
 	if sess == nil {
+		s.conns.Done()
 		return
 	}
-	endErr := s.acceptStreams(sess)
-	s.endSession(sess, endErr)
+	s.runAccept(sess.accept.park, sess)
 }
 
 // openSession makes the TLS (or wss) connection and its yamux session, and
@@ -127,8 +125,9 @@ func (s *serving) openSession(raw net.Conn, slot *anonymousSlot) *Session {
 		s.floodLog.Debug("tunnel handshake failed", zap.String("client_address", raw.RemoteAddr().String()), zap.Error(err))
 		return nil
 	}
-	counted := &countingConn{Conn: &closeFirst{Conn: conn, raw: raw}}
-	guard := &muxGuard{Conn: counted, limits: limits}
+	acc := newAcceptor()
+	counted := &countingConn{Conn: &closeFirst{Conn: conn, raw: raw, closed: acc.resume}}
+	guard := &muxGuard{Conn: counted, limits: limits, opening: acc.opening}
 	mux, err := yamux.Server(tunnel.CoalesceFrames(guard, gatherer), s.yamuxConfig())
 	if err != nil {
 		_ = conn.Close()
@@ -137,6 +136,8 @@ func (s *serving) openSession(raw net.Conn, slot *anonymousSlot) *Session {
 	}
 	sess := newSession(newSessionID(), counted, mux, transport, s.sessionLog)
 	sess.limits, sess.slot = limits, slot
+	acc.s, acc.sess = s, sess
+	sess.accept = acc
 	s.sessions.add(sess)
 	// The login must arrive early enough to leave time for its check.
 	openBy := min(loginOpeningTimeout, s.cfg.LoginTimeout/2)
@@ -155,14 +156,92 @@ func (s *serving) openSession(raw net.Conn, slot *anonymousSlot) *Session {
 	return sess
 }
 
-// acceptStreams admits the streams the client opens until the session
-// ends, and returns why it ended.
-func (s *serving) acceptStreams(sess *Session) error {
+// The loop that accepts a client's streams runs while the client may open
+// some: until its login, and for the whole life of a stock frpc's session,
+// which opens a work connection per request. A tether client opens none
+// after its control stream, so once it has logged in the loop parks: its
+// goroutine ends, and an idle session of a tether client holds no
+// goroutine of tether's own. The loop resumes, on a goroutine of its own,
+// when the client opens a stream all the same (muxGuard sees the stream's
+// first frame before yamux queues it) and when the session's connection
+// closes (closeFirst), to end the session.
+const (
+	acceptRunning int32 = iota
+	acceptParked
+)
+
+// acceptor is a session's accept loop, running or parked.
+type acceptor struct {
+	state atomic.Int32
+	// opened counts the streams the client opened and accepted those the
+	// loop took: the loop parks only once it has taken them all.
+	opened, accepted atomic.Int64
+	// park ends when the loop is to park (a tether client logged in).
+	park     context.Context
+	parkLoop context.CancelFunc
+	// Set once the session exists; read after a state change from parked,
+	// which follows the loop's first run.
+	s    *serving
+	sess *Session
+}
+
+func newAcceptor() *acceptor {
+	a := &acceptor{}
+	a.park, a.parkLoop = context.WithCancel(context.Background())
+	return a
+}
+
+// opening runs when the client opens a stream, before yamux queues it.
+func (a *acceptor) opening() {
+	a.opened.Add(1)
+	a.resume()
+}
+
+// resume runs the loop again if it is parked.
+func (a *acceptor) resume() {
+	if a.state.CompareAndSwap(acceptParked, acceptRunning) {
+		go a.s.runAccept(context.Background(), a.sess)
+	}
+}
+
+// runAccept runs the accept loop until the session ends, and then ends
+// it, or until it parks when park ends.
+func (s *serving) runAccept(park context.Context, sess *Session) {
+	a := sess.accept
 	for {
-		stream, err := sess.mux.AcceptStream()
+		err := s.acceptStreams(park, sess)
+		if err != nil {
+			s.endSession(sess, err)
+			s.conns.Done()
+			return
+		}
+		a.state.Store(acceptParked)
+		// A stream opened, or the connection closed, while the loop was
+		// on its way to park was not seen by resume: take it, or the end
+		// of the session, now, unless resume has since.
+		if a.opened.Load() == a.accepted.Load() && !sess.mux.IsClosed() {
+			return
+		}
+		if !a.state.CompareAndSwap(acceptParked, acceptRunning) {
+			return
+		}
+		park = context.Background()
+	}
+}
+
+// acceptStreams admits the streams the client opens until the session
+// ends, and returns why it ended, or until park ends (nil; the session
+// may have ended meanwhile: runAccept looks).
+func (s *serving) acceptStreams(park context.Context, sess *Session) error {
+	for {
+		stream, err := sess.mux.AcceptStreamWithContext(park)
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
 		if err != nil {
 			return err
 		}
+		sess.accept.accepted.Add(1)
 		s.acceptStream(sess, stream)
 	}
 }
@@ -188,6 +267,7 @@ func (s *serving) acceptStream(sess *Session, stream *yamux.Stream) {
 // endSession closes the session, which ended for endErr, waits for its
 // streams' admission and forgets it.
 func (s *serving) endSession(sess *Session, endErr error) {
+	sess.accept.parkLoop()
 	if lim := sess.limits.tripped.Load(); lim != nil {
 		s.closeAtLimit(sess, lim)
 	}
@@ -422,15 +502,18 @@ func (c *clientStream) Close() error {
 // before the connection itself, so that closing never waits: TLS would
 // first send close_notify, and wait up to 5s for a client that does not
 // read, while yamux keeps the session half shut (its blocked stream
-// readers spin meanwhile). Clients see the end of the connection either way.
+// readers spin meanwhile). Clients see the end of the connection either
+// way. yamux closes it once, when the session ends: closed runs then.
 type closeFirst struct {
 	net.Conn
-	raw net.Conn
+	raw    net.Conn
+	closed func()
 }
 
 func (c *closeFirst) Close() error {
 	err := c.raw.Close()
 	_ = c.Conn.Close()
+	c.closed()
 	return err
 }
 

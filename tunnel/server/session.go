@@ -35,6 +35,7 @@ type Session struct {
 	// budget and the place end at login.
 	limits *connLimits
 	slot   *anonymousSlot
+	accept *acceptor
 	// clientStreams counts the streams the client opened that are still
 	// open here, and admitting the goroutines that read their first
 	// message (gate.go).
@@ -268,6 +269,9 @@ func (s *Session) bind(claims *auth.Claims, runID string, stock bool, handler se
 	s.loggedInAt = time.Now()
 	s.limits.lift()
 	s.slot.release()
+	if !stock && s.accept != nil {
+		s.accept.parkLoop() // a tether client opens no more streams
+	}
 	for _, t := range s.loginTimers {
 		t.Stop()
 	}
