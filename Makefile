@@ -5,6 +5,8 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS := -s -w -X github.com/tether-dev/tether/internal/version.Version=$(VERSION)
 FUZZTIME ?= 10s
 BENCH_FLAGS ?=
+SCALE_SESSIONS ?= 20000
+SCALE_IDLE ?= 60s
 GOLANGCI_LINT_VERSION := v2.15.0
 GOBIN   ?= $(shell $(GO) env GOPATH)/bin
 GOLANGCI := $(GOBIN)/golangci-lint
@@ -15,7 +17,7 @@ IMAGE_TAG ?= $(VERSION)
 IMAGE_CONTEXT ?= bin/image
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
 
-.PHONY: help build run test lint fmt fuzz bench bench-compare e2e clean image image-context helm
+.PHONY: help build run test lint fmt fuzz bench bench-compare scale e2e clean image image-context helm
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -72,7 +74,11 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzReadOpening$$' -fuzztime $(FUZZTIME) ./tunnel/server/
 
 bench: ## Go benchmarks of the request path (see also bench-compare)
-	$(GO) test -run '^$$' -bench . -benchmem ./tunnel/server/ ./tunnel/server/registry/ ./proxy/ ./auth/
+	$(GO) test -run '^$$' -bench . -skip '^BenchmarkIdleSessions$$' -benchmem ./tunnel/server/ ./tunnel/server/registry/ ./proxy/ ./auth/
+
+scale: build ## idle sessions at scale: SCALE_SESSIONS (20000: 10,000 tunnels x 2) against bin/tether; server RSS, heap, goroutines, idle CPU over SCALE_IDLE
+	ulimit -n $$(ulimit -Hn) && TETHER_BIN=$(CURDIR)/bin/tether $(GO) test -run '^$$' -bench '^BenchmarkIdleSessions$$' \
+		-benchtime $(SCALE_SESSIONS)x -timeout 60m ./tunnel/server/ -args -scale.idle $(SCALE_IDLE)
 
 bench-compare: build ## BENCHMARKS.md: tether beside no tunnel, frp, chisel (~20 min; BENCH_FLAGS=-q: quick)
 	bench/compare.sh $(BENCH_FLAGS)

@@ -176,3 +176,27 @@ dial-timeout: 1s
 		})
 	}
 }
+
+// TestMemoryLimit: --memory-limit, given as a flag or in the environment,
+// is logged by the server and the client as they start, and is the Go
+// runtime's limit (the server's /metrics shows the runtime's; the client's
+// shows only the tunnel's).
+func TestMemoryLimit(t *testing.T) {
+	t.Parallel()
+	k := newKeys(t)
+	s := startServer(t, k, serverOpts{args: []string{"--memory-limit", "1GiB"}})
+	c := startClient(t, s, clientOpts{
+		tokenFile: writeToken(t, k.issue(t, "mem", time.Hour)),
+		routes:    []string{"/=http://127.0.0.1:1"},
+		env:       []string{"TETHER_MEMORY_LIMIT=48MiB"},
+		noWait:    true,
+	})
+	for p, want := range map[*proc]string{s.proc: "1.0GiB (--memory-limit)", c.proc: "48MiB (--memory-limit)"} {
+		if got := str(p.waitLog("memory limit", startTimeout)["limit"]); got != want {
+			t.Errorf("%s logged memory limit %q, want %q", p.name, got, want)
+		}
+	}
+	if got := s.metric(t, "go_gc_gomemlimit_bytes"); got != 1<<30 {
+		t.Errorf("server go_gc_gomemlimit_bytes = %v, want %v", got, 1<<30)
+	}
+}

@@ -28,6 +28,7 @@ type ClientOptions struct {
 	DialTimeout           time.Duration
 	MaxReconnectDelay     time.Duration
 	Connections           int
+	MemoryLimit           string
 }
 
 // NewCmdClient builds `tether client`. runF replaces running the client
@@ -72,13 +73,15 @@ http://, https:// (CONNECT, user:password@ for basic auth), socks5:// or socks5h
 				return runF(opts)
 			}
 			cfg, err := opts.config(f)
-			if err != nil {
+			limit, lerr := resolveMemoryLimit(f, opts.MemoryLimit)
+			if err := errors.Join(err, lerr); err != nil {
 				return invalid(err)
 			}
 			c, err := client.New(cfg, f.Logger())
 			if err != nil {
 				return invalid(err)
 			}
+			applyMemoryLimit(f, limit)
 			return c.Run(cmd.Context())
 		},
 	}
@@ -103,6 +106,7 @@ func (o *ClientOptions) addFlags(fl *pflag.FlagSet) {
 	fl.DurationVar(&o.MaxReconnectDelay, "max-reconnect-delay", 30*time.Second, "cap of the exponential backoff between connection attempts")
 	fl.IntVar(&o.Connections, "connections", client.DefaultConnections,
 		fmt.Sprintf("sessions to the server (1 to %d), each reconnecting on its own; the tunnel is ready while one serves", client.MaxConnections))
+	fl.StringVar(&o.MemoryLimit, "memory-limit", "", memoryLimitHelp)
 }
 
 // config turns the flags into the client's configuration. Routes that do not

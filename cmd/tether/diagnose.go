@@ -85,7 +85,8 @@ func runDiagnose(cmd *cobra.Command, f *Factory, opts *DiagnoseOptions) error {
 		return invalid(fmt.Errorf("--requests %d: want at least 1", opts.Requests))
 	}
 	cfg, err := opts.Client.config(f)
-	problems := []error{f.configErr, err}
+	_, limitErr := resolveMemoryLimit(f, opts.Client.MemoryLimit)
+	problems := []error{f.configErr, err, limitErr}
 	settings := diagnoseSettings(cmd.Flags(), f.sources)
 	o := diagnose.Options{
 		Client:   cfg,

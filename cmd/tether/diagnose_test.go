@@ -71,7 +71,8 @@ func TestDiagnoseJSONContract(t *testing.T) {
 // not an exit before the diagnosis.
 func TestDiagnoseReportsConfigProblems(t *testing.T) {
 	cfg := writeFile(t, "client.yaml", "server: 127.0.0.1:1\ntransprot: wss\n")
-	code, stdout, _ := runTether(t, map[string]string{"TETHER_TRANSPORT": "quic"}, runners{},
+	env := map[string]string{"TETHER_TRANSPORT": "quic", "TETHER_MEMORY_LIMIT": "lots"}
+	code, stdout, _ := runTether(t, env, runners{},
 		"diagnose", "--config", cfg, "--token-file", writeFile(t, "token", "x"), "--timeout", "1s", "--route", "/=http://127.0.0.1:1")
 	if code != exitFail {
 		t.Errorf("exit %d, want %d", code, exitFail)
@@ -80,6 +81,8 @@ func TestDiagnoseReportsConfigProblems(t *testing.T) {
 		"FAIL config",
 		"transprot",                           // the misspelt key
 		"transport from env TETHER_TRANSPORT", // where the bad value came from
+		`--memory-limit: size "lots"`,
+		"memory-limit from env TETHER_MEMORY_LIMIT",
 		"server = 127.0.0.1:1 (file " + cfg + ")",
 		"hint: fix the settings",
 		"FAILED: config",

@@ -141,6 +141,8 @@ func TestExitCodes(t *testing.T) {
 		{"client without token file", []string{"client", "--server", "t.example.com:7000"}, exitUsage, "--token-file"},
 		{"invalid route", []string{"client", "--server", "t.example.com:7000", "--token-file", "/x", "--route", "argo=http://a"}, exitUsage, `"argo=http://a"`},
 		{"issue without key", []string{"token", "issue", "--tunnel", "acme", "--ttl", "1h"}, exitUsage, "--key"},
+		{"client memory limit", []string{"client", "--server", "t.example.com:7000", "--token-file", "/x", "--memory-limit", "lots"}, exitUsage, `--memory-limit: size "lots"`},
+		{"server memory limit", []string{"server", "--memory-limit", "0"}, exitUsage, "--memory-limit 0"},
 		{"version", []string{"version"}, exitOK, ""},
 	}
 	for _, tc := range tests {
@@ -183,5 +185,24 @@ func TestTokenKeygenAndIssue(t *testing.T) {
 	}
 	if code, _, stderr := runTether(t, nil, runners{}, "token", "keygen", "--private-key", priv, "--public-key", pub); code == exitOK {
 		t.Errorf("keygen overwrote existing files; stderr %q", stderr)
+	}
+}
+
+// --memory-limit comes from the flag, the environment or the file, for the
+// client and the server alike.
+func TestMemoryLimitOption(t *testing.T) {
+	var client *ClientOptions
+	var server *ServerOptions
+	r := runners{
+		client: func(o *ClientOptions) error { client = o; return nil },
+		server: func(o *ServerOptions) error { server = o; return nil },
+	}
+	env := map[string]string{"TETHER_MEMORY_LIMIT": "64MiB"}
+	if code, _, stderr := runTether(t, env, r, "client", "--server", "t.example.com:7000", "--token-file", "/x"); code != exitOK || client.MemoryLimit != "64MiB" {
+		t.Errorf("client: exit %d (%s), memory limit %q; want 64MiB from TETHER_MEMORY_LIMIT", code, stderr, client.MemoryLimit)
+	}
+	cfg := writeFile(t, "server.yaml", "memory-limit: 1GiB\n")
+	if code, _, stderr := runTether(t, nil, r, "server", "--config", cfg); code != exitOK || server.MemoryLimit != "1GiB" {
+		t.Errorf("server: exit %d (%s), memory limit %q; want 1GiB from the file", code, stderr, server.MemoryLimit)
 	}
 }

@@ -3,12 +3,14 @@ package main
 import (
 	"fmt"
 	"io"
+	"os"
 
 	"github.com/spf13/cobra"
 	"go.uber.org/zap"
 
 	"github.com/tether-dev/tether/internal/config"
 	"github.com/tether-dev/tether/internal/logging"
+	"github.com/tether-dev/tether/internal/memlimit"
 	"github.com/tether-dev/tether/tunnel"
 	"github.com/tether-dev/tether/tunnel/server/registry"
 )
@@ -122,4 +124,21 @@ func invalid(err error) error {
 		return nil
 	}
 	return &usageError{err: err}
+}
+
+// memoryLimitHelp describes --memory-limit, a flag of the client and the
+// server.
+const memoryLimitHelp = "soft memory limit of the Go runtime, e.g. 64MiB or 1GiB, or none; the collector works harder near it. " +
+	"Default: GOMEMLIMIT when set, else 90% of the container's memory limit (cgroup), else none"
+
+// resolveMemoryLimit reads --memory-limit, or the default from the
+// environment and the container's cgroup.
+func resolveMemoryLimit(f *Factory, value string) (memlimit.Limit, error) {
+	return memlimit.Resolve(value, f.Getenv, os.DirFS("/"))
+}
+
+// applyMemoryLimit sets the process's memory limit and logs it.
+func applyMemoryLimit(f *Factory, limit memlimit.Limit) {
+	memlimit.Apply(limit)
+	f.Logger().Info("memory limit", zap.Stringer("limit", limit))
 }

@@ -41,6 +41,7 @@ type ServerOptions struct {
 	PeerSecretFile       string
 	MaxSessionsPerTunnel int
 	MaxRequestsPerTunnel int
+	MemoryLimit          string
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -116,11 +117,16 @@ connections not yet logged in are capped (1024 in all, and
 	fl.StringVar(&opts.PeerAddr, "peer-addr", "", "listener for requests other replicas forward here, e.g. 0.0.0.0:7443 (required with a Redis --registry)")
 	fl.StringVar(&opts.PeerAdvertiseAddr, "peer-advertise-addr", "", "HOST:PORT the other replicas dial to reach --peer-addr, e.g. $(POD_IP):7443 (default --peer-addr; required when that is a wildcard)")
 	fl.StringVar(&opts.PeerSecretFile, "peer-secret-file", "", "file holding the secret all replicas share; a forwarded request without it never reaches a tunnel (required with a Redis --registry)")
+	fl.StringVar(&opts.MemoryLimit, "memory-limit", "", memoryLimitHelp)
 	return cmd
 }
 
 func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 	log := f.Logger()
+	limit, err := resolveMemoryLimit(f, opts.MemoryLimit)
+	if err != nil {
+		return invalid(err)
+	}
 	verifier, err := newVerifier(opts, log)
 	if err != nil {
 		return invalid(err)
@@ -155,6 +161,7 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 	if err != nil {
 		return invalid(err)
 	}
+	applyMemoryLimit(f, limit)
 	return srv.Run(cmd.Context())
 }
 

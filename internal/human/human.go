@@ -1,10 +1,12 @@
 // Package human formats durations and sizes for people, the same way
-// wherever tether prints them.
+// wherever tether prints them, and reads sizes as people write them.
 package human
 
 import (
 	"fmt"
+	"math"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -62,4 +64,36 @@ func Bytes(n uint64) string {
 		return fmt.Sprintf("%.1f%ciB", v, units[i])
 	}
 	return fmt.Sprintf("%.0f%ciB", v, units[i])
+}
+
+// byteUnits are the units ParseBytes reads, as people and Kubernetes write
+// them: binary ones with or without the B, decimal ones likewise.
+var byteUnits = map[string]float64{
+	"": 1, "b": 1,
+	"ki": 1 << 10, "kib": 1 << 10, "mi": 1 << 20, "mib": 1 << 20,
+	"gi": 1 << 30, "gib": 1 << 30, "ti": 1 << 40, "tib": 1 << 40,
+	"k": 1e3, "kb": 1e3, "m": 1e6, "mb": 1e6, "g": 1e9, "gb": 1e9, "t": 1e12, "tb": 1e12,
+}
+
+// ParseBytes reads a size: a number, whole or with a fraction, and an
+// optional unit: B, KiB, MiB, GiB, TiB (Ki, Mi, Gi, Ti), or KB, MB, GB, TB
+// (K, M, G, T) for powers of 1000; case does not matter. It is what Bytes
+// prints, and what a Kubernetes resource quantity says: 64MiB, 64Mi, 1.5GiB.
+func ParseBytes(s string) (uint64, error) {
+	t := strings.TrimSpace(s)
+	i := strings.IndexFunc(t, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+	if i < 0 {
+		i = len(t)
+	}
+	num, unit := t[:i], strings.ToLower(strings.TrimSpace(t[i:]))
+	mult, ok := byteUnits[unit]
+	v, err := strconv.ParseFloat(num, 64)
+	if !ok || err != nil || num == "" || strings.HasPrefix(num, ".") {
+		return 0, fmt.Errorf("size %q: want a number of bytes and an optional unit (B, KiB, MiB, GiB, or KB, MB, GB), e.g. 64MiB", s)
+	}
+	n := math.Round(v * mult)
+	if n >= math.MaxInt64 {
+		return 0, fmt.Errorf("size %q is too large", s)
+	}
+	return uint64(n), nil
 }

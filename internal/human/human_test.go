@@ -64,3 +64,40 @@ func TestBytes(t *testing.T) {
 		}
 	}
 }
+
+func TestParseBytes(t *testing.T) {
+	for _, tc := range []struct {
+		in   string
+		want uint64
+	}{
+		{"0", 0},
+		{"1048576", 1 << 20},
+		{"512B", 512},
+		{"64MiB", 64 << 20},
+		{"64Mi", 64 << 20},
+		{"64mib", 64 << 20},
+		{" 1.5GiB ", 3 << 29},
+		{"2Gi", 2 << 30},
+		{"8KiB", 8 << 10},
+		{"100MB", 100_000_000},
+		{"100M", 100_000_000},
+		{"1G", 1_000_000_000},
+		{"64 MiB", 64 << 20},
+		{"1TiB", 1 << 40},
+	} {
+		got, err := ParseBytes(tc.in)
+		if err != nil || got != tc.want {
+			t.Errorf("ParseBytes(%q) = %d, %v; want %d", tc.in, got, err, tc.want)
+		}
+	}
+	for _, in := range []string{"", "MiB", "64XB", "-1MiB", "1.2.3MiB", ".5GiB", "64MiBs", "1e3", "99999999999TiB"} {
+		if got, err := ParseBytes(in); err == nil {
+			t.Errorf("ParseBytes(%q) = %d, want an error", in, got)
+		}
+	}
+	for _, n := range []uint64{0, 512, 64 << 20, 3 << 30} {
+		if got, err := ParseBytes(Bytes(n)); err != nil || got != n {
+			t.Errorf("ParseBytes(Bytes(%d)) = %d, %v", n, got, err)
+		}
+	}
+}

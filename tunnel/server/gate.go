@@ -11,6 +11,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fatedier/frp/pkg/msg"
@@ -75,7 +76,8 @@ func (s *serving) serveTunnel(ln net.Listener) error {
 			s.refuseConn(conn, refused)
 			continue
 		}
-		s.conns.Go(func() { s.serveTunnelConn(conn, slot) })
+		s.conns.Add(1) // done when the session has ended (runAccept)
+		go s.serveTunnelConn(conn, slot)
 	}
 }
 
@@ -95,10 +97,23 @@ func (s *serving) refuseConn(conn net.Conn, reason string) {
 		zap.String("client_address", conn.RemoteAddr().String()), zap.String("reason", reason), zap.Int("limit", limit))
 }
 
-// serveTunnelConn runs one client connection until it ends. slot is its
-// place among the anonymous connections, given back at login or at the end.
+// serveTunnelConn runs one client connection: the handshake, then the
+// loop that accepts the client's streams (runAccept) until the session
+// ends or the loop parks. slot is the connection's place among the
+// anonymous connections, given back at login or at the end.
 func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 	defer slot.release()
+	sess := s.openSession(raw, slot)
+	if sess == nil {
+		s.conns.Done()
+		return
+	}
+	s.runAccept(sess.accept.park, sess)
+}
+
+// openSession makes the TLS (or wss) connection and its yamux session, and
+// records the session; nil when the handshake failed.
+func (s *serving) openSession(raw net.Conn, slot *anonymousSlot) *Session {
 	limits := newConnLimits(loginBudget)
 	gatherer := tunnel.NewGatherer(&budgetConn{Conn: raw, limits: limits})
 	conn, transport, err := s.handshake(gatherer)
@@ -108,62 +123,156 @@ func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 			s.metrics.sessionsLimited.WithLabelValues(lim.reason).Inc()
 		}
 		s.floodLog.Debug("tunnel handshake failed", zap.String("client_address", raw.RemoteAddr().String()), zap.Error(err))
-		return
+		return nil
 	}
-	counted := &countingConn{Conn: &closeFirst{Conn: conn, raw: raw}}
-	guard := &muxGuard{Conn: counted, limits: limits}
+	acc := newAcceptor()
+	counted := &countingConn{Conn: &closeFirst{Conn: conn, raw: raw, closed: acc.resume}}
+	guard := &muxGuard{Conn: counted, limits: limits, opening: acc.opening}
 	mux, err := yamux.Server(tunnel.CoalesceFrames(guard, gatherer), s.yamuxConfig())
 	if err != nil {
 		_ = conn.Close()
 		s.log.Error("start yamux session", zap.Error(err))
-		return
+		return nil
 	}
-	sess := newSession(newSessionID(), counted, mux, transport, s.log.Named("session"))
+	sess := newSession(newSessionID(), counted, mux, transport, s.sessionLog)
 	sess.limits, sess.slot = limits, slot
+	acc.s, acc.sess = s, sess
+	sess.accept = acc
 	s.sessions.add(sess)
 	// The login must arrive early enough to leave time for its check.
 	openBy := min(loginOpeningTimeout, s.cfg.LoginTimeout/2)
-	sess.after(openBy, func() {
+	sess.untilLogin(openBy, func() {
 		if !sess.opened.Load() {
 			s.closeAtLimit(sess, &limitError{reason: limitNoLogin,
 				detail: fmt.Sprintf("no login within %v of the handshake", openBy)})
 		}
 	})
-	sess.after(s.cfg.LoginTimeout, func() {
+	sess.untilLogin(s.cfg.LoginTimeout, func() {
 		if sess.Tunnel() == "" {
 			s.closeAtLimit(sess, &limitError{reason: limitLoginTimeout,
 				detail: fmt.Sprintf("no successful login within %v", s.cfg.LoginTimeout)})
 		}
 	})
+	return sess
+}
 
-	var streams sync.WaitGroup
-	var endErr error
-	for {
-		stream, err := mux.AcceptStream()
-		if err != nil {
-			endErr = err
-			break
-		}
-		// Before login muxGuard lets one stream through; this bounds the
-		// streams of a logged-in client.
-		if n := sess.clientStreams.Add(1); n > maxClientStreams {
-			_ = stream.Close()
-			s.closeAtLimit(sess, &limitError{reason: limitStreams,
-				detail: fmt.Sprintf("opened more than %d streams at once", maxClientStreams)})
-			continue // AcceptStream now fails
-		}
-		cs := &clientStream{Stream: stream, sess: sess}
-		if !sess.track(stream) {
-			_ = cs.Close()
-			continue
-		}
-		streams.Go(func() { s.admitStream(sess, cs) })
+// The loop that accepts a client's streams runs while the client may open
+// some: until its login, and for the whole life of a stock frpc's session,
+// which opens a work connection per request. A tether client opens none
+// after its control stream, so once it has logged in the loop parks: its
+// goroutine ends, and an idle session of a tether client holds no
+// goroutine of tether's own. The loop resumes, on a goroutine of its own,
+// when the client opens a stream all the same (muxGuard sees the stream's
+// first frame before yamux queues it) and when the session's connection
+// closes (closeFirst), to end the session.
+const (
+	acceptRunning int32 = iota
+	acceptParked
+)
+
+// acceptor is a session's accept loop, running or parked.
+type acceptor struct {
+	state atomic.Int32
+	// opened counts the streams the client opened and accepted those the
+	// loop took: the loop parks only once it has taken them all.
+	opened, accepted atomic.Int64
+	// park ends when the loop is to park (a tether client logged in).
+	park     context.Context
+	parkLoop context.CancelFunc
+	// Set once the session exists; read after a state change from parked,
+	// which follows the loop's first run.
+	s    *serving
+	sess *Session
+}
+
+func newAcceptor() *acceptor {
+	a := &acceptor{}
+	a.park, a.parkLoop = context.WithCancel(context.Background())
+	return a
+}
+
+// opening runs when the client opens a stream, before yamux queues it.
+func (a *acceptor) opening() {
+	a.opened.Add(1)
+	a.resume()
+}
+
+// resume runs the loop again if it is parked.
+func (a *acceptor) resume() {
+	if a.state.CompareAndSwap(acceptParked, acceptRunning) {
+		go a.s.runAccept(context.Background(), a.sess)
 	}
-	if lim := limits.tripped.Load(); lim != nil {
+}
+
+// runAccept runs the accept loop until the session ends, and then ends
+// it, or until it parks when park ends.
+func (s *serving) runAccept(park context.Context, sess *Session) {
+	a := sess.accept
+	for {
+		err := s.acceptStreams(park, sess)
+		if err != nil {
+			s.endSession(sess, err)
+			s.conns.Done()
+			return
+		}
+		a.state.Store(acceptParked)
+		// A stream opened, or the connection closed, while the loop was
+		// on its way to park was not seen by resume: take it, or the end
+		// of the session, now, unless resume has since.
+		if a.opened.Load() == a.accepted.Load() && !sess.mux.IsClosed() {
+			return
+		}
+		if !a.state.CompareAndSwap(acceptParked, acceptRunning) {
+			return
+		}
+		park = context.Background()
+	}
+}
+
+// acceptStreams admits the streams the client opens until the session
+// ends, and returns why it ended, or until park ends (nil; the session
+// may have ended meanwhile: runAccept looks).
+func (s *serving) acceptStreams(park context.Context, sess *Session) error {
+	for {
+		stream, err := sess.mux.AcceptStreamWithContext(park)
+		if errors.Is(err, context.Canceled) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		sess.accept.accepted.Add(1)
+		s.acceptStream(sess, stream)
+	}
+}
+
+// acceptStream starts admitting a stream the client opened.
+func (s *serving) acceptStream(sess *Session, stream *yamux.Stream) {
+	// Before login muxGuard lets one stream through; this bounds the
+	// streams of a logged-in client.
+	if n := sess.clientStreams.Add(1); n > maxClientStreams {
+		_ = stream.Close()
+		s.closeAtLimit(sess, &limitError{reason: limitStreams,
+			detail: fmt.Sprintf("opened more than %d streams at once", maxClientStreams)})
+		return // AcceptStream now fails
+	}
+	cs := &clientStream{Stream: stream, sess: sess}
+	if !sess.track(stream) {
+		_ = cs.Close()
+		return
+	}
+	sess.admitting.Go(func() { s.admitStream(sess, cs) })
+}
+
+// endSession closes the session, which ended for endErr, waits for its
+// streams' admission and forgets it.
+func (s *serving) endSession(sess *Session, endErr error) {
+	sess.accept.parkLoop()
+	if lim := sess.limits.tripped.Load(); lim != nil {
 		s.closeAtLimit(sess, lim)
 	}
 	sess.Close("connection lost: " + describeEnd(endErr))
-	streams.Wait()
+	sess.admitting.Wait()
 	s.sessions.leave(sess)
 	sess.finish()
 	if sess.Tunnel() != "" {
@@ -337,7 +446,11 @@ func (s *serving) handshake(raw net.Conn) (net.Conn, string, error) {
 func (s *serving) yamuxConfig() *yamux.Config {
 	// yamux logs a line per odd frame (for a stream it reset, past its
 	// backlog), so its log is sampled like the refusals.
-	return tunnel.MuxConfig(s.cfg.HeartbeatTimeout, s.floodLog)
+	c := tunnel.MuxConfig(s.cfg.HeartbeatTimeout, s.floodLog)
+	// The server's heartbeat is watchHeartbeats: no goroutine and no ping
+	// per session while its client pings.
+	c.EnableKeepAlive = false
+	return c
 }
 
 // newSessionID returns 128 random bits as hex.
@@ -389,22 +502,35 @@ func (c *clientStream) Close() error {
 // before the connection itself, so that closing never waits: TLS would
 // first send close_notify, and wait up to 5s for a client that does not
 // read, while yamux keeps the session half shut (its blocked stream
-// readers spin meanwhile). Clients see the end of the connection either way.
+// readers spin meanwhile). Clients see the end of the connection either
+// way. yamux closes it once, when the session ends: closed runs then.
 type closeFirst struct {
 	net.Conn
-	raw net.Conn
+	raw    net.Conn
+	closed func()
 }
 
 func (c *closeFirst) Close() error {
 	err := c.raw.Close()
 	_ = c.Conn.Close()
+	c.closed()
 	return err
 }
 
-// bufferedConn reads through the reader that peeked at the connection.
+// bufferedConn reads through the reader that peeked at the connection
+// until what it peeked has been read, then from the connection: the reader
+// goes, and with it a layer of every read for the connection's life.
 type bufferedConn struct {
 	net.Conn
 	r *bufio.Reader
 }
 
-func (c *bufferedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
+func (c *bufferedConn) Read(p []byte) (int, error) {
+	if c.r != nil {
+		if c.r.Buffered() > 0 {
+			return c.r.Read(p)
+		}
+		c.r = nil
+	}
+	return c.Conn.Read(p)
+}

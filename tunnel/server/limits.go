@@ -286,11 +286,14 @@ const (
 type muxGuard struct {
 	net.Conn
 	limits *connLimits
-	header [muxHeaderSize]byte
-	have   int    // header bytes gathered
-	body   uint32 // body bytes of the current frame still to come
-	syns   int    // streams opened before login
-	pings  pingLimiter
+	// opening, when set, runs for each stream the client opens, before
+	// yamux sees it (the gate's accept loop may be parked).
+	opening func()
+	header  [muxHeaderSize]byte
+	have    int    // header bytes gathered
+	body    uint32 // body bytes of the current frame still to come
+	syns    int    // streams opened (SYN frames)
+	pings   pingLimiter
 }
 
 func (g *muxGuard) Read(p []byte) (int, error) {
@@ -341,10 +344,13 @@ func (g *muxGuard) frame() *limitError {
 				detail: fmt.Sprintf("pinged more than %d times at once or %d times a second", pingBurst, pingRate)})
 		}
 	}
-	if anonymous && (typ == muxTypeData || typ == muxTypeWindowUpd) && flags&muxFlagSYN != 0 {
-		if g.syns++; g.syns > 1 {
+	if (typ == muxTypeData || typ == muxTypeWindowUpd) && flags&muxFlagSYN != 0 {
+		if g.syns++; anonymous && g.syns > 1 {
 			return g.limits.trip(&limitError{reason: limitStreamBeforeLogin,
 				detail: "opened a second stream before its login was verified"})
+		}
+		if g.opening != nil {
+			g.opening()
 		}
 	}
 	return nil

@@ -20,8 +20,9 @@ import (
 //     advertised), stamped with the session's ID and handed to frp.
 //  2. frp asks the auth plugin (auth.Plugin): it verifies the token, scopes
 //     the client's run ID to the tunnel (auth.ScopedRunID) and calls Login.
-//  3. Login binds the session to the tunnel: its routes parsed once, its
-//     handler built, the tunnel's sessions here joined (a live session with
+//  3. Login binds the session to the tunnel: its routes checked, its
+//     handler made (it builds the router at the first request), the
+//     tunnel's sessions here joined (a live session with
 //     the same run ID is the client's own stale one, and is replaced), its
 //     life bounded by its token, and a tether client told which replica it
 //     reached (a hello notice).
@@ -40,15 +41,13 @@ func (s *serving) Login(sessionID string, claims *auth.Claims, runID string) err
 	if !ok {
 		return &auth.RejectError{Reason: auth.ReasonSession, Detail: "the connection closed during login; reconnect"}
 	}
-	routes, err := parseAdvertised(sess.advertisedRoutes())
-	if err != nil {
+	advertised := sess.advertisedRoutes()
+	if _, err := parseAdvertised(advertised); err != nil {
 		return &auth.RejectError{Reason: auth.ReasonProxy, Detail: err.Error() + "; fix the client's --route flags"}
 	}
-	handler, err := s.newHandler(sess, routes)
-	if err != nil {
-		return &auth.RejectError{Reason: auth.ReasonProxy, Detail: err.Error() + "; fix the client's --route flags"}
-	}
-	if !sess.bind(claims, runID, routes, handler) {
+	stock := advertised == nil
+	handler := s.newHandler(sess, stock)
+	if !sess.bind(claims, runID, stock, handler) {
 		return &auth.RejectError{Reason: auth.ReasonSession, Detail: "this connection has already logged in; open a new connection"}
 	}
 	sess.atEnd(handler.CloseIdle)
@@ -78,7 +77,7 @@ func (s *serving) Login(sessionID string, claims *auth.Claims, runID string) err
 		zap.String("client_address", info.ClientAddress), zap.String("client_version", info.ClientVersion),
 		zap.String("transport", info.Transport), zap.String("kid", claims.KeyID),
 		zap.Time("token_expires", claims.ExpiresAt), zap.String("session", sess.id), zap.String("run_id", runID))
-	if routes != nil {
+	if !stock {
 		s.notify(sess, tunnel.NoticeHello)
 	}
 	return nil

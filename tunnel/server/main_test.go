@@ -26,6 +26,9 @@ func TestMain(m *testing.M) {
 			if frpcDir != "" {
 				_ = os.RemoveAll(frpcDir)
 			}
+			if tetherBuild.dir != "" {
+				_ = os.RemoveAll(tetherBuild.dir)
+			}
 			os.Exit(code)
 		}),
 		// kcp-go (linked in by frp) starts its process-wide timer

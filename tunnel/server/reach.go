@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httputil"
+	"sync"
 	"time"
 
 	"go.uber.org/zap"
@@ -27,7 +28,8 @@ type sessionHandler interface {
 const maxRoutes = 32
 
 // parseAdvertised parses the routes a tether client advertised at login, a
-// JSON list of --route specs; nil (a stock frpc) gives nil.
+// JSON list of --route specs, and checks them as the router will; nil (a
+// stock frpc) gives nil.
 func parseAdvertised(raw *string) ([]proxy.Route, error) {
 	if raw == nil {
 		return nil, nil
@@ -47,12 +49,18 @@ func parseAdvertised(raw *string) ([]proxy.Route, error) {
 		}
 		routes = append(routes, r)
 	}
+	if _, err := proxy.ValidateRoutes(routes); err != nil {
+		return nil, fmt.Errorf("the client advertised unusable routes: %w", err)
+	}
 	return routes, nil
 }
 
-// newHandler builds how requests reach sess's client.
+// newHandler returns how requests reach sess's client; it is built at the
+// session's first request (lazyHandler), since most sessions idle: a
+// router and its transports cost more than the rest of an idle session.
 //
-// A tether client advertised its routes at login (routes). The server runs
+// A tether client advertised its routes at login, checked then
+// (parseAdvertised). The server runs
 // the router for them, so each request is parsed once, here: the router
 // picks the route by path and asks the client, on a stream of the session,
 // to connect to that route's upstream; the client checks the upstream is
@@ -62,23 +70,129 @@ func parseAdvertised(raw *string) ([]proxy.Route, error) {
 // leaves the request to the entry, which sends it through another session
 // (Reroute).
 //
-// A stock frpc advertises nothing (routes nil) and is reached through frp's
+// A stock frpc advertises nothing (stock) and is reached through frp's
 // own HTTP vhost, which routes by Host to the tunnel's load-balancing group.
-func (s *serving) newHandler(sess *Session, routes []proxy.Route) (sessionHandler, error) {
-	if routes == nil {
-		return s.vhostProxy(), nil
+func (s *serving) newHandler(sess *Session, stock bool) sessionHandler {
+	if stock {
+		return &lazyHandler{build: func() (sessionHandler, error) { return s.vhostProxy(), nil }}
 	}
-	// An upstream that is down in a customer's cluster fails every request
-	// for it: one log line per failure kind every 10s per session tells the
-	// platform's operator enough without flooding the server's log.
-	sampled := sess.logger().WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
-		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 1, 0)
-	}))
-	router, err := proxy.NewRouter(routes, sampled, proxy.Options{DialContext: sess.dial, Reroute: reroutable})
+	return &lazyHandler{build: func() (sessionHandler, error) {
+		// Parsed again rather than kept: a session may idle for days.
+		routes, err := parseAdvertised(sess.advertisedRoutes())
+		if err != nil {
+			sess.logger().Error("build the session's router", zap.Error(err))
+			return nil, err
+		}
+		router, err := proxy.NewRouter(routes, sampled(sess.logger(), routerLogPeriod), proxy.Options{DialContext: sess.dial, Reroute: reroutable})
+		if err != nil {
+			sess.logger().Error("build the session's router", zap.Error(err))
+			return nil, err
+		}
+		return routerHandler{router}, nil
+	}}
+}
+
+// routerLogPeriod: an upstream that is down in a customer's cluster fails
+// every request for it: one log line per failure kind every 10s per session
+// tells the platform's operator enough without flooding the server's log.
+const routerLogPeriod = 10 * time.Second
+
+// lazyHandler builds its handler at the first request. CloseIdle before
+// then builds nothing.
+type lazyHandler struct {
+	build func() (sessionHandler, error)
+
+	mu  sync.Mutex
+	h   sessionHandler
+	err error
+}
+
+func (l *lazyHandler) handler() (sessionHandler, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.h == nil && l.err == nil {
+		l.h, l.err = l.build()
+		l.build = nil
+	}
+	return l.h, l.err
+}
+
+func (l *lazyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h, err := l.handler()
 	if err != nil {
-		return nil, fmt.Errorf("the client advertised unusable routes: %w", err)
+		// Login checked the routes as the router does: this is a bug,
+		// not the client's doing.
+		proxy.WriteError(w, http.StatusBadGateway, "tunnel_error", "tether: the tunnel's routes could not be served; reconnect the client")
+		return
 	}
-	return routerHandler{router}, nil
+	h.ServeHTTP(w, r)
+}
+
+func (l *lazyHandler) CloseIdle() {
+	l.mu.Lock()
+	h := l.h
+	l.mu.Unlock()
+	if h != nil {
+		h.CloseIdle()
+	}
+}
+
+// sampled returns log, passing each message at each level at most once per
+// period. zap's own sampler keeps 7×4096 counters, 460 KiB, for each logger
+// it samples: this one keeps the messages it has seen, a few.
+func sampled(log *zap.Logger, period time.Duration) *zap.Logger {
+	state := &sampleState{period: period, last: make(map[sampleKey]time.Time)}
+	return log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
+		return &sampledCore{Core: c, state: state}
+	}))
+}
+
+// maxSampledMessages bounds what a sampled logger remembers; past it, it
+// starts afresh. Loggers log a fixed set of messages, far fewer.
+const maxSampledMessages = 64
+
+type sampleKey struct {
+	level   zapcore.Level
+	message string
+}
+
+type sampleState struct {
+	period time.Duration
+	mu     sync.Mutex
+	last   map[sampleKey]time.Time
+}
+
+// allow reports whether an entry at level with message may pass at now.
+func (s *sampleState) allow(level zapcore.Level, message string, now time.Time) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	k := sampleKey{level, message}
+	if last, ok := s.last[k]; ok && now.Sub(last) < s.period {
+		return false
+	}
+	if len(s.last) >= maxSampledMessages {
+		clear(s.last)
+	}
+	s.last[k] = now
+	return true
+}
+
+// sampledCore is a core whose entries pass its state's sampling; the cores
+// With derives share the state.
+type sampledCore struct {
+	zapcore.Core
+	state *sampleState
+}
+
+func (c *sampledCore) With(fields []zapcore.Field) zapcore.Core {
+	return &sampledCore{Core: c.Core.With(fields), state: c.state}
+}
+
+func (c *sampledCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcore.CheckedEntry {
+	if !c.Enabled(ent.Level) || !c.state.allow(ent.Level, ent.Message, ent.Time) {
+		return ce
+	}
+	return c.Core.Check(ent, ce)
 }
 
 // reroutable reports whether a request that failed with err never reached

@@ -311,6 +311,8 @@ type Server struct {
 	// floodLog is log, sampled: for what a client can make the server log
 	// as often as it likes (refused connections and streams, limits).
 	floodLog *zap.Logger
+	// sessionLog is every session's logger, made once.
+	sessionLog *zap.Logger
 
 	// refusalLog logs the entry's refusals of CONNECT and absolute-form
 	// targets, sampled: anyone on the internet can send those.
@@ -331,6 +333,7 @@ type serving struct {
 	frp     *embeddedFRP
 	peers   http.Handler // forwards to other replicas
 	notices sync.WaitGroup
+	pings   sync.WaitGroup // the heartbeat's (watchHeartbeats)
 }
 
 // Option customises a Server.
@@ -386,6 +389,7 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 		// Per message: the first 5 every 10s, then none until the next 10s.
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
 	}))
+	s.sessionLog = log.Named("session")
 	s.sessions = newSessionTable(s.registry)
 	s.inflight = newInflight(cfg.MaxRequestsPerTunnel)
 	s.metrics = newMetrics(s.sessions, s.anonymous, s.registry)
@@ -512,6 +516,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	}
 	g.Go(func() error { return serveHTTP(adminSrv, ls.Admin) })
 	g.Go(func() error { return sv.serveTunnel(ls.Tunnel) })
+	g.Go(func() error { sv.watchHeartbeats(gctx); return nil })
 	g.Go(func() error {
 		<-gctx.Done()
 		sv.drain(ls.Tunnel, entrySrv, peerSrv)
@@ -535,6 +540,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	}
 	s.ready.Store(true)
 	err = g.Wait()
+	sv.pings.Wait() // their sessions are closed: they end at once
 	if ctx.Err() != nil && err == nil {
 		s.log.Info("tether server stopped")
 	}

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -9,7 +10,6 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tether-dev/tether/auth"
-	"github.com/tether-dev/tether/proxy"
 )
 
 // Session is one connected tunnel client: a TLS (or websocket) connection
@@ -28,16 +28,19 @@ type Session struct {
 	connectedAt time.Time
 	mux         *yamux.Session
 	conn        *countingConn
-	baseLog     *zap.Logger
+	baseLog     *zap.Logger // see logger
 
 	// Set by the gate before the session is shared: the connection's
 	// limits, and its place among the anonymous connections. The login
 	// budget and the place end at login.
 	limits *connLimits
 	slot   *anonymousSlot
+	accept *acceptor
 	// clientStreams counts the streams the client opened that are still
-	// open here.
+	// open here, and admitting the goroutines that read their first
+	// message (gate.go).
 	clientStreams atomic.Int32
+	admitting     sync.WaitGroup
 	// dialed counts the streams the server opened to the client's upstreams
 	// (dial.go) that are still open: a drain waits for them to end.
 	dialed atomic.Int32
@@ -61,6 +64,8 @@ type Session struct {
 	// client that went silent.
 	silence   *time.Timer
 	onSilence func(*Session)
+	// beat is the heartbeat's view of the session (watchHeartbeats).
+	beat heartbeat
 
 	// requests counts the requests routed to this session by status class:
 	// index 1..5 for 1xx..5xx, index 0 for requests that failed before any
@@ -74,13 +79,13 @@ type Session struct {
 	runID         string // frp run ID, scoped to the tunnel (auth.ScopedRunID)
 	loggedInAt    time.Time
 	clientVersion string
-	routes        []proxy.Route // a tether client's routes, parsed at login; nil for a stock frpc
+	stockClient   bool // a stock frpc, which advertised no routes
 	handler       sessionHandler
-	route         string      // the registered frp proxy name; "" while none
-	log           *zap.Logger // baseLog with the tunnel name once logged in
+	route         string // the registered frp proxy name; "" while none
 	closeReason   string
 	timers        []*time.Timer
-	onEnd         []func() // run once the session has ended
+	loginTimers   []*time.Timer // stopped at login
+	onEnd         []func()      // run once the session has ended
 }
 
 func newSession(id string, conn *countingConn, mux *yamux.Session, transport string, log *zap.Logger) *Session {
@@ -92,16 +97,19 @@ func newSession(id string, conn *countingConn, mux *yamux.Session, transport str
 		mux:         mux,
 		conn:        conn,
 		baseLog:     log,
-		log:         log,
 		streams:     make(map[*yamux.Stream]struct{}),
 	}
 }
 
-// logger returns the session's logger, which names the tunnel once logged in.
+// logger returns the session's logger, which names the tunnel once logged
+// in. It is made at each call rather than kept: a session logs a handful of
+// lines in its life, and a logger with a field holds a kilobyte of encoded
+// fields for as long as it is kept.
 func (s *Session) logger() *zap.Logger {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.log
+	if name := s.Tunnel(); name != "" {
+		return s.baseLog.With(zap.String("tunnel", name))
+	}
+	return s.baseLog
 }
 
 // Done is closed when the session has ended.
@@ -163,6 +171,9 @@ func (s *Session) setCloseReason(reason string) (first bool) {
 	for _, t := range s.timers {
 		t.Stop()
 	}
+	for _, t := range s.loginTimers {
+		t.Stop()
+	}
 	if s.silence != nil {
 		s.silence.Stop()
 	}
@@ -188,6 +199,16 @@ func (s *Session) after(d time.Duration, f func()) {
 		return
 	}
 	s.timers = append(s.timers, time.AfterFunc(d, f))
+}
+
+// untilLogin runs f after d unless the session closes or logs in first.
+func (s *Session) untilLogin(d time.Duration, f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closeReason != "" || s.claims != nil {
+		return
+	}
+	s.loginTimers = append(s.loginTimers, time.AfterFunc(d, f))
 }
 
 // atEnd registers f to run when the session has ended.
@@ -233,9 +254,9 @@ func (s *Session) advertisedRoutes() *string {
 }
 
 // bind makes the session the verified identity's, under its frp run ID.
-// routes are a tether client's parsed routes (nil for a stock frpc) and
-// handler is how requests will reach the client.
-func (s *Session) bind(claims *auth.Claims, runID string, routes []proxy.Route, handler sessionHandler) bool {
+// stock tells a stock frpc (which advertised no routes) from a tether
+// client, and handler is how requests will reach the client.
+func (s *Session) bind(claims *auth.Claims, runID string, stock bool, handler sessionHandler) bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.claims != nil || s.closeReason != "" {
@@ -243,12 +264,18 @@ func (s *Session) bind(claims *auth.Claims, runID string, routes []proxy.Route, 
 	}
 	s.claims = claims
 	s.runID = runID
-	s.routes = routes
+	s.stockClient = stock
 	s.handler = handler
 	s.loggedInAt = time.Now()
 	s.limits.lift()
 	s.slot.release()
-	s.log = s.baseLog.With(zap.String("tunnel", claims.Tunnel))
+	if !stock && s.accept != nil {
+		s.accept.parkLoop() // a tether client opens no more streams
+	}
+	for _, t := range s.loginTimers {
+		t.Stop()
+	}
+	s.loginTimers = nil
 	return true
 }
 
@@ -279,7 +306,7 @@ func (s *Session) RunID() string {
 func (s *Session) stock() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.routes == nil
+	return s.stockClient
 }
 
 // setRoute records the session's route; a session has at most one.
@@ -345,17 +372,34 @@ const (
 // silencePing, or onSilent is called. A request written on a pooled stream
 // of such a session would otherwise wait for an answer until the heartbeat
 // timeout.
+//
+// Only what a request may be waiting for is watched: a write while one of
+// the session's streams other than its control stream is open (a dialed
+// upstream connection, pooled or in use, or a stock frpc's work
+// connection), or any write of a stock frpc's session, which frp may ask
+// for a work connection on its control stream. A new dial watches its own
+// answer (dial.go). The rest, an idle session's answers to its client's
+// pings and control messages, awaits nothing, and arms no timer.
 func (s *Session) watchSilence(onSilent func(*Session)) {
+	stock := s.stock()
 	s.mu.Lock()
 	s.onSilence = onSilent
 	s.silence = time.AfterFunc(time.Hour, s.checkSilence)
 	s.silence.Stop()
 	s.mu.Unlock()
-	s.conn.watch(s.armSilence)
+	s.conn.watch(func() { s.armSilence(stock) })
 }
 
 // armSilence runs when a write starts to wait for an answer.
-func (s *Session) armSilence() { s.silence.Reset(silenceBound) }
+func (s *Session) armSilence(stock bool) {
+	if !stock && s.dialed.Load() == 0 && s.clientStreams.Load() <= 1 {
+		// Awaits nothing: taken as answered, so that the next write is
+		// looked at again.
+		s.conn.unanswered.Store(0)
+		return
+	}
+	s.silence.Reset(silenceBound)
+}
 
 func (s *Session) checkSilence() {
 	since := s.conn.unanswered.Load()
@@ -379,3 +423,72 @@ func (s *Session) checkSilence() {
 
 // suspect reports whether a recent dial through the session got no answer.
 func (s *Session) suspect(now time.Time) bool { return now.UnixNano() < s.suspectUntil.Load() }
+
+// The server's side of the heartbeat. yamux would ping every session from
+// a goroutine of its own, every third of the heartbeat timeout, whatever
+// the client sends. The server instead looks at all its sessions at once,
+// heartbeatSweeps times per heartbeat timeout, and pings only a session
+// from which nothing was read for two thirds of it (a client pings more
+// often than that: a tether client every third of its own heartbeat
+// timeout, frpc every 30s by default), and closes it when the ping is not
+// answered within a quarter of it. An idle session of a client that pings
+// thus costs the server no goroutine, no timer and no ping of its own, and
+// a dead client is still noticed within the heartbeat timeout: two thirds
+// of it silent, at most a sweep more to see it, a quarter for the answer.
+const heartbeatSweeps = 12
+
+// heartbeat is what the sweep knows of a session.
+type heartbeat struct {
+	// Touched by the sweep only: the bytes read from the client at the
+	// sweep that last saw them change, and when.
+	read  uint64
+	since time.Time
+	// pinging is set while the sweep's ping is out.
+	pinging atomic.Bool
+}
+
+// due reports whether a session whose client has sent read bytes so far
+// must be pinged at now: nothing read for quiet, and no ping out.
+func (b *heartbeat) due(read uint64, now time.Time, quiet time.Duration) bool {
+	if read != b.read || b.since.IsZero() {
+		b.read, b.since = read, now
+		return false
+	}
+	return now.Sub(b.since) >= quiet && b.pinging.CompareAndSwap(false, true)
+}
+
+// watchHeartbeats pings the sessions whose clients went quiet, and closes
+// those that do not answer, until ctx ends.
+func (s *serving) watchHeartbeats(ctx context.Context) {
+	tick := time.NewTicker(s.cfg.HeartbeatTimeout / heartbeatSweeps)
+	defer tick.Stop()
+	quiet := s.cfg.HeartbeatTimeout * 2 / 3
+	var due []*Session
+	for {
+		var now time.Time
+		select {
+		case <-ctx.Done():
+			return
+		case now = <-tick.C:
+		}
+		due = due[:0]
+		s.sessions.each(func(sess *Session) {
+			if sess.beat.due(sess.conn.read.Load(), now, quiet) {
+				due = append(due, sess)
+			}
+		})
+		for _, sess := range due {
+			s.pings.Go(func() { s.heartbeatPing(sess) })
+		}
+		clear(due)
+	}
+}
+
+// heartbeatPing pings a quiet session, and closes it when its client does
+// not answer within a quarter of the heartbeat timeout.
+func (s *serving) heartbeatPing(sess *Session) {
+	defer sess.beat.pinging.Store(false)
+	if pingWithin(sess.mux, s.cfg.HeartbeatTimeout/4) != nil && sess.alive() {
+		sess.Close("connection lost: " + describeEnd(yamux.ErrKeepAliveTimeout))
+	}
+}

@@ -65,6 +65,16 @@ func (t *sessionTable) all() []*Session {
 	return list
 }
 
+// each calls f for every connection, logged in or not, with the table
+// locked for reading: f must not call the table.
+func (t *sessionTable) each(f func(*Session)) {
+	t.mu.RLock()
+	defer t.mu.RUnlock()
+	for _, s := range t.byID {
+		f(s)
+	}
+}
+
 // joinError says why a logged-in session cannot join its tunnel here.
 type joinError struct {
 	detail string
