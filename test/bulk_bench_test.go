@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // bulkSize is the body of one bulk transfer.
@@ -53,30 +55,8 @@ func benchmarkBulk(b *testing.B, method string) {
 	cpu0 := procCPU(b, s.proc) + procCPU(b, c.proc)
 	b.ResetTimer()
 	for range b.N {
-		req := s.request(b, http.MethodGet, "bulk", "/large", nil)
-		if method == http.MethodPost {
-			req = s.request(b, http.MethodPost, "bulk", "/upload", io.LimitReader(zeros{}, bulkSize))
-			req.ContentLength = bulkSize
-		}
-		resp, err := streamc.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		var answer strings.Builder // the upload's count
-		dst := io.Writer(&answer)
-		if method == http.MethodGet {
-			dst = io.Discard
-		}
-		n, err := io.Copy(dst, resp.Body)
-		_ = resp.Body.Close()
-		switch {
-		case err != nil || resp.StatusCode != http.StatusOK:
-			b.Fatalf("%s: status %d, %v", method, resp.StatusCode, err)
-		case method == http.MethodGet && n != bulkSize:
-			b.Fatalf("downloaded %d bytes, want %d", n, bulkSize)
-		case method == http.MethodPost && answer.String() != strconv.Itoa(bulkSize):
-			b.Fatalf("the upstream read %s bytes, want %d", answer.String(), bulkSize)
-		}
+		req := testutil.BulkRequest(b, method, "http://"+s.httpAddr, "bulk."+domain, bulkSize)
+		testutil.TransferBulk(b, streamc, req, bulkSize)
 	}
 	b.StopTimer()
 	cpu := procCPU(b, s.proc) + procCPU(b, c.proc) - cpu0
@@ -104,12 +84,4 @@ func procCPU(b *testing.B, p *proc) time.Duration {
 		b.Fatalf("CPU time of %s: unexpected /proc stat %q", p.name, stat)
 	}
 	return time.Duration(utime+stime) * (time.Second / 100)
-}
-
-// zeros is an endless body that costs nothing to produce.
-type zeros struct{}
-
-func (zeros) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
 }

@@ -64,8 +64,8 @@ func TestAcceptLoopParksAfterLogin(t *testing.T) {
 	})
 }
 
-// goroutinesIn counts the goroutines whose stack holds function fn.
-func goroutinesIn(fn string) int {
+// goroutinesIn counts the goroutines whose stack holds any of fns.
+func goroutinesIn(fns ...string) int {
 	buf := make([]byte, 1<<20)
 	for {
 		n := runtime.Stack(buf, true)
@@ -77,8 +77,11 @@ func goroutinesIn(fn string) int {
 	}
 	count := 0
 	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		if strings.Contains(g, fn) {
-			count++
+		for _, fn := range fns {
+			if strings.Contains(g, fn) {
+				count++
+				break
+			}
 		}
 	}
 	return count

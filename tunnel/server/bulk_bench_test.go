@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // bulkSize is the body of one bulk transfer: large enough that a stream's
@@ -80,34 +82,7 @@ func benchmarkBulk(b *testing.B, base, host, method string) {
 	cpu0 := cpuTime(b)
 	b.ResetTimer()
 	for range b.N {
-		req, err := http.NewRequest(http.MethodGet, base+"/large?bytes="+strconv.Itoa(bulkSize), nil)
-		if method == http.MethodPost {
-			req, err = http.NewRequest(http.MethodPost, base+"/upload", io.LimitReader(zeros{}, bulkSize))
-			req.ContentLength = bulkSize
-		}
-		if err != nil {
-			b.Fatal(err)
-		}
-		req.Host = host
-		resp, err := hc.Do(req)
-		if err != nil {
-			b.Fatal(err)
-		}
-		var answer strings.Builder // the upload's count
-		dst := io.Writer(&answer)
-		if method == http.MethodGet {
-			dst = io.Discard
-		}
-		n, err := io.Copy(dst, resp.Body)
-		_ = resp.Body.Close()
-		switch {
-		case err != nil || resp.StatusCode != http.StatusOK:
-			b.Fatalf("%s: status %d, %v", method, resp.StatusCode, err)
-		case method == http.MethodGet && n != bulkSize:
-			b.Fatalf("downloaded %d bytes, want %d", n, bulkSize)
-		case method == http.MethodPost && answer.String() != strconv.Itoa(bulkSize):
-			b.Fatalf("the upstream read %s bytes, want %d", answer.String(), bulkSize)
-		}
+		testutil.TransferBulk(b, hc, testutil.BulkRequest(b, method, base, host, bulkSize), bulkSize)
 	}
 	b.StopTimer()
 	gb := float64(b.N) * bulkSize / 1e9
@@ -123,12 +98,4 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// zeros is an endless body that costs nothing to produce.
-type zeros struct{}
-
-func (zeros) Read(p []byte) (int, error) {
-	clear(p)
-	return len(p), nil
 }

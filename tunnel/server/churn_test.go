@@ -3,7 +3,6 @@ package server
 import (
 	"fmt"
 	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -105,27 +104,7 @@ var sessionMarks = []string{
 
 // sessionGoroutines counts the goroutines running or waiting in a
 // session's functions.
-func sessionGoroutines() int {
-	buf := make([]byte, 1<<20)
-	for {
-		n := runtime.Stack(buf, true)
-		if n < len(buf) {
-			buf = buf[:n]
-			break
-		}
-		buf = make([]byte, 2*len(buf))
-	}
-	count := 0
-	for g := range strings.SplitSeq(string(buf), "\n\n") {
-		for _, mark := range sessionMarks {
-			if strings.Contains(g, mark) {
-				count++
-				break
-			}
-		}
-	}
-	return count
-}
+func sessionGoroutines() int { return goroutinesIn(sessionMarks...) }
 
 // settled returns the number of goroutines and the live heap after
 // collections that also empty the sync.Pools.
