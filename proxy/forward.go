@@ -276,14 +276,25 @@ func (b *callerBody) stop() { b.closed.Store(true) }
 // bodies of unknown length: watch streams, long polls, chunked downloads)
 // are flushed at every write; a body of known length goes out in full
 // buffers, without a system call per write.
+//
+// It reads into a small buffer, and into a large one while the body has
+// more ready than the small one holds: a stream that trickles (an event
+// stream open for hours) holds only the small one.
 func (rt *route) copyBody(w http.ResponseWriter, res *http.Response) error {
 	flush := res.ContentLength == -1 || isEventStream(res.Header.Get("Content-Type"))
 	var rc *http.ResponseController
 	if flush {
 		rc = http.NewResponseController(w)
 	}
-	buf := rt.buffers.Get()
-	defer rt.buffers.Put(buf)
+	small := smallCopyBuffers.Get().(*[smallCopyBuffer]byte)
+	defer smallCopyBuffers.Put(small)
+	var large *[largeCopyBuffer]byte
+	defer func() {
+		if large != nil {
+			largeCopyBuffers.Put(large)
+		}
+	}()
+	buf := small[:]
 	for {
 		n, rerr := res.Body.Read(buf)
 		if n > 0 {
@@ -307,6 +318,15 @@ func (rt *route) copyBody(w http.ResponseWriter, res *http.Response) error {
 				}
 			}
 			return rerr
+		}
+		switch {
+		case n == len(buf) && large == nil:
+			large = largeCopyBuffers.Get().(*[largeCopyBuffer]byte)
+			buf = large[:]
+		case n <= smallCopyBuffer && large != nil:
+			largeCopyBuffers.Put(large)
+			large = nil
+			buf = small[:]
 		}
 	}
 }
@@ -383,23 +403,14 @@ func copySwitched(dst io.Writer, src io.Reader, ended chan<- bool) {
 	ended <- ok && cw.CloseWrite() == nil
 }
 
-// copyBufSize is the size of the buffers that copy response bodies.
-const copyBufSize = 32 << 10
+// The buffers that copy response bodies (copyBody), pooled as arrays so
+// that Put does not allocate.
+const (
+	smallCopyBuffer = 4 << 10
+	largeCopyBuffer = 32 << 10
+)
 
-// bufferPool recycles the buffers that copy response bodies (32 KiB), so
-// that a response allocates none. Buffers are kept as array pointers so that
-// Put does not allocate.
-type bufferPool struct{ p sync.Pool }
-
-func (b *bufferPool) Get() []byte {
-	if buf, ok := b.p.Get().(*[copyBufSize]byte); ok {
-		return buf[:]
-	}
-	return make([]byte, copyBufSize)
-}
-
-func (b *bufferPool) Put(buf []byte) {
-	if len(buf) == copyBufSize {
-		b.p.Put((*[copyBufSize]byte)(buf))
-	}
-}
+var (
+	smallCopyBuffers = sync.Pool{New: func() any { return new([smallCopyBuffer]byte) }}
+	largeCopyBuffers = sync.Pool{New: func() any { return new([largeCopyBuffer]byte) }}
+)

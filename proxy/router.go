@@ -62,8 +62,7 @@ type route struct {
 	upstream    string // Upstream as text, for errors
 	strip       bool   // the upstream URL has a path, which replaces the prefix
 	dialTimeout time.Duration
-	transport   *transport  // shared by the routes of one upstream
-	buffers     *bufferPool // copy buffers, shared by the router's routes
+	transport   *transport // shared by the routes of one upstream
 	log         *zap.Logger
 	metrics     *routeMetrics // nil without metrics
 	reroute     func(error) bool
@@ -104,7 +103,6 @@ func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 		dialTimeout = DefaultDialTimeout
 	}
 	dial := newDialFunc(opts)
-	bufs := &bufferPool{}
 
 	r := &Router{log: log, given: given}
 	byKey := make(map[transportKey]*transport)
@@ -122,7 +120,6 @@ func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 			strip:       g.Upstream.Path != "",
 			dialTimeout: dialTimeout,
 			transport:   t,
-			buffers:     bufs,
 			reroute:     opts.Reroute,
 		}
 		rt.log = log.With(
