@@ -17,7 +17,7 @@ func BulkRequest(tb testing.TB, method, base, host string, size int64) *http.Req
 	if method == http.MethodPost {
 		url, body = base+"/upload", io.LimitReader(zeros{}, size)
 	}
-	req, err := http.NewRequest(method, url, body)
+	req, err := http.NewRequestWithContext(tb.Context(), method, url, body)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -30,7 +30,7 @@ func BulkRequest(tb testing.TB, method, base, host string, size int64) *http.Req
 // number of bytes it read.
 func TransferBulk(tb testing.TB, hc *http.Client, req *http.Request, size int64) {
 	tb.Helper()
-	resp, err := hc.Do(req)
+	resp, err := hc.Do(req) //nolint:gosec // the test's own loopback server
 	if err != nil {
 		tb.Fatal(err)
 	}
