@@ -52,50 +52,39 @@ type embeddedFRP struct {
 const frpVhostTimeout = 70
 
 // startFRP starts frp with the auth plugin at pluginURL and feeds it the
-// streams of conns. frp's vhost needs a port number up front, so a free
-// loopback port is picked; a lost race for it is retried.
+// streams of conns. A lost race for frp's ports is retried.
 func startFRP(domain, pluginAddr, pluginPath string, ops []string, conns *tunnel.ConnListener) (*embeddedFRP, error) {
+	cfg := &v1.ServerConfig{
+		BindAddr:         "127.0.0.1",
+		ProxyBindAddr:    "127.0.0.1",
+		VhostHTTPTimeout: frpVhostTimeout,
+		SubDomainHost:    domain,
+		Transport: v1.ServerTransportConfig{
+			// The gate owns TLS and multiplexing; frp sees single streams.
+			TCPMux: new(false),
+			// yamux keepalives on the gate's sessions detect dead clients.
+			HeartbeatTimeout: -1,
+		},
+		DetailedErrorsToClient: new(true), // plugin reject reasons reach the client verbatim
+		HTTPPlugins: []v1.HTTPPluginOptions{{
+			Name: "tether-auth",
+			Addr: pluginAddr,
+			Path: pluginPath,
+			Ops:  ops,
+		}},
+	}
+	if err := cfg.Complete(); err != nil {
+		return nil, fmt.Errorf("complete frp server config: %w", err)
+	}
 	var lastErr error
 	for range 5 {
-		vhostPort, err := freeLoopbackPort()
-		if err != nil {
-			return nil, err
-		}
-		cfg := &v1.ServerConfig{
-			BindAddr:         "127.0.0.1",
-			ProxyBindAddr:    "127.0.0.1",
-			VhostHTTPPort:    vhostPort,
-			VhostHTTPTimeout: frpVhostTimeout,
-			SubDomainHost:    domain,
-			Transport: v1.ServerTransportConfig{
-				// The gate owns TLS and multiplexing; frp sees single streams.
-				TCPMux: new(false),
-				// yamux keepalives on the gate's sessions detect dead clients.
-				HeartbeatTimeout: -1,
-			},
-			DetailedErrorsToClient: new(true), // plugin reject reasons reach the client verbatim
-			HTTPPlugins: []v1.HTTPPluginOptions{{
-				Name: "tether-auth",
-				Addr: pluginAddr,
-				Path: pluginPath,
-				Ops:  ops,
-			}},
-		}
-		if err := cfg.Complete(); err != nil {
-			return nil, fmt.Errorf("complete frp server config: %w", err)
-		}
-		// Complete makes an empty bind port 7000; 0 lets the kernel pick
-		// a port of its own. Should it pick the vhost's, the vhost cannot
-		// listen and NewService fails (leaving its bind listener open:
-		// frp does not close it on that path); the next round retries.
-		cfg.BindPort = 0
 		svc, err := newFRPService(cfg)
 		if err != nil {
 			lastErr = err
 			continue
 		}
 		f := &embeddedFRP{
-			svc: svc, vhostAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(vhostPort)),
+			svc: svc, vhostAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.VhostHTTPPort)),
 			conns: conns, done: make(chan struct{}),
 		}
 		go func() {
@@ -112,9 +101,34 @@ func startFRP(domain, pluginAddr, pluginPath string, ops []string, conns *tunnel
 // test) must not start at once.
 var frpStarting sync.Mutex
 
+// newFRPService starts frp on two free loopback ports of its own, its bind
+// port and its vhost's. frp takes port numbers, not listeners, so each is
+// found by listening and freed just before frp listens there: another
+// process may take one in between, and NewService then fails. It must not
+// fail after its bind port: it leaves that listener and its goroutines
+// open, with no way to close them. So the two ports are distinct (found
+// while both are held), and found while no other server of this process
+// starts.
 func newFRPService(cfg *v1.ServerConfig) (*frpserver.Service, error) {
 	frpStarting.Lock()
 	defer frpStarting.Unlock()
+	var lc net.ListenConfig
+	var held [2]net.Listener
+	for i := range held {
+		ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
+		if err != nil {
+			for _, l := range held[:i] {
+				_ = l.Close()
+			}
+			return nil, fmt.Errorf("find a free loopback port for the embedded frp server: %w", err)
+		}
+		held[i] = ln
+	}
+	cfg.BindPort = held[0].Addr().(*net.TCPAddr).Port
+	cfg.VhostHTTPPort = held[1].Addr().(*net.TCPAddr).Port
+	for _, l := range held {
+		_ = l.Close()
+	}
 	return frpserver.NewService(cfg)
 }
 
@@ -147,16 +161,6 @@ func vhostTransport() *http.Transport {
 		IdleConnTimeout:     60 * time.Second,
 		DisableCompression:  true,
 	}
-}
-
-func freeLoopbackPort() (int, error) {
-	var lc net.ListenConfig
-	ln, err := lc.Listen(context.Background(), "tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free loopback port for the embedded frp server: %w", err)
-	}
-	defer ln.Close()
-	return ln.Addr().(*net.TCPAddr).Port, nil
 }
 
 // randomPath returns an unguessable URL path for the in-process auth plugin,
