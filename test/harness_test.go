@@ -867,6 +867,26 @@ func freePort(t testing.TB) int {
 	return port
 }
 
+// refusingPort returns a loopback port that refuses connections until the
+// test ends: a socket is bound there and never listens, so no other process
+// can listen there meanwhile, as it could on a port freed by freePort.
+func refusingPort(t testing.TB) int {
+	t.Helper()
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Close(fd) })
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	sa, err := syscall.Getsockname(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return sa.(*syscall.SockaddrInet4).Port
+}
+
 // ---------------------------------------------------------------------------
 // Watching a healthy tunnel
 
@@ -936,4 +956,42 @@ func (w *watcher) check(t testing.TB, phase string) {
 func (w *watcher) stop() {
 	w.cancel()
 	<-w.done
+}
+
+// listensOn reports whether process p has a TCP socket listening on port
+// (IPv4 or IPv6), from /proc: a dial would also reach whatever another
+// process listens on there.
+func listensOn(t testing.TB, p *proc, port int) bool {
+	t.Helper()
+	listening := make(map[string]bool) // socket inodes
+	for _, table := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		data, err := os.ReadFile(table)
+		if err != nil {
+			t.Fatalf("read %s: %v", table, err)
+		}
+		// sl local_address rem_address st ... inode: the local address is
+		// HEX_IP:HEX_PORT, and st 0A is LISTEN.
+		for line := range strings.Lines(string(data)) {
+			f := strings.Fields(line)
+			if len(f) < 10 || f[3] != "0A" {
+				continue
+			}
+			_, hexPort, _ := strings.Cut(f[1], ":")
+			if n, err := strconv.ParseUint(hexPort, 16, 16); err == nil && int(n) == port {
+				listening[f[9]] = true
+			}
+		}
+	}
+	fdDir := fmt.Sprintf("/proc/%d/fd", p.cmd.Process.Pid)
+	fds, err := os.ReadDir(fdDir)
+	if err != nil {
+		t.Fatalf("list the sockets of %s: %v", p.name, err)
+	}
+	for _, fd := range fds {
+		target, err := os.Readlink(filepath.Join(fdDir, fd.Name()))
+		if inode, ok := strings.CutPrefix(target, "socket:["); err == nil && ok && listening[strings.TrimSuffix(inode, "]")] {
+			return true
+		}
+	}
+	return false
 }

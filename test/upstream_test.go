@@ -49,7 +49,7 @@ func TestUpstreamErrors(t *testing.T) {
 			}
 		},
 	})
-	closed := freePort(t)
+	closed := refusingPort(t)
 	startClient(t, srv, clientOpts{
 		tokenFile: writeToken(t, k.issue(t, "alpha", time.Hour)),
 		routes: []string{
