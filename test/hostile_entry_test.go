@@ -1,10 +1,8 @@
 package test
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -18,82 +16,6 @@ import (
 
 	"github.com/tether-dev/tether/internal/testutil"
 )
-
-// rawService is a hostile tenant's service: it answers whatever arrives on
-// a connection, request after request, with "200 OK" and an empty body, and
-// keeps the connection, so that it catches anything a poisoned connection
-// would carry. It records every request head.
-type rawService struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	seen  []seenRequest
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-type seenRequest struct{ method, host, target, authorization string }
-
-func newRawService(t testing.TB) *rawService {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &rawService{ln: ln, conns: map[net.Conn]bool{}}
-	r.wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			r.conns[c] = true
-			r.mu.Unlock()
-			r.wg.Go(func() { r.serve(c) })
-		}
-	})
-	t.Cleanup(func() {
-		_ = ln.Close()
-		r.mu.Lock()
-		for c := range r.conns {
-			_ = c.Close()
-		}
-		r.mu.Unlock()
-		r.wg.Wait()
-	})
-	return r
-}
-
-func (r *rawService) serve(c net.Conn) {
-	defer func() {
-		_ = c.Close()
-		r.mu.Lock()
-		delete(r.conns, c)
-		r.mu.Unlock()
-	}()
-	br := bufio.NewReader(c)
-	for {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		r.mu.Lock()
-		r.seen = append(r.seen, seenRequest{req.Method, req.Host, req.RequestURI, req.Header.Get("Authorization")})
-		r.mu.Unlock()
-		_, _ = io.Copy(io.Discard, req.Body)
-		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"); err != nil {
-			return
-		}
-	}
-}
-
-func (r *rawService) port() int { return r.ln.Addr().(*net.TCPAddr).Port }
-
-func (r *rawService) requests() []seenRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]seenRequest(nil), r.seen...)
-}
 
 // frpcProxyTo is frpcHTTPProxy for a service on any loopback port.
 func frpcProxyTo(tunnel string, port int) string {
@@ -127,8 +49,8 @@ func TestEntryRefusesConnect(t *testing.T) {
 	t.Parallel()
 	k := newKeys(t)
 	srv := startServer(t, k, serverOpts{})
-	evil := newRawService(t)
-	startFRPC(t, "frpc evil", frpcConfig(srv, k.issue(t, "evil", time.Hour), frpcProxyTo("evil", evil.port())))
+	evil := testutil.NewRawService(t)
+	startFRPC(t, "frpc evil", frpcConfig(srv, k.issue(t, "evil", time.Hour), frpcProxyTo("evil", evil.Port())))
 	// Go's ServeMux answers CONNECT with a 404 that keeps the connection.
 	plain := httpTestServer(t, http.NewServeMux())
 	startFRPC(t, "frpc plain", frpcConfig(srv, k.issue(t, "plain", time.Hour), frpcProxyTo("plain", plain)))
@@ -164,8 +86,8 @@ func TestEntryRefusesConnect(t *testing.T) {
 			t.Fatalf("request %d for victim answered by %q (Authorization %q); want victim's backend with the credentials", i, e.Backend, e.Header.Get("Authorization"))
 		}
 	}
-	for _, r := range evil.requests() {
-		if r.method == http.MethodConnect || r.authorization != "" || strings.HasPrefix(r.host, "victim.") {
+	for _, r := range evil.Requests() {
+		if r.Method == http.MethodConnect || r.Authorization != "" || strings.HasPrefix(r.Host, "victim.") {
 			t.Errorf("evil's service got %+v", r)
 		}
 	}

@@ -137,78 +137,6 @@ type writerFunc func([]byte) (int, error)
 
 func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
 
-// rawService is a tenant's service that answers whatever arrives on a
-// connection, request after request, with "200 OK" and an empty body, and
-// keeps the connection: what a hostile tenant runs to catch requests that
-// a poisoned connection would carry. It records every request head.
-type rawService struct {
-	ln    net.Listener
-	mu    sync.Mutex
-	seen  []seenRequest
-	conns map[net.Conn]bool
-	wg    sync.WaitGroup
-}
-
-type seenRequest struct{ method, host, target, authorization string }
-
-func newRawService(t testing.TB) *rawService {
-	t.Helper()
-	r := &rawService{ln: listen(t), conns: map[net.Conn]bool{}}
-	r.wg.Go(func() {
-		for {
-			c, err := r.ln.Accept()
-			if err != nil {
-				return
-			}
-			r.mu.Lock()
-			r.conns[c] = true
-			r.mu.Unlock()
-			r.wg.Go(func() { r.serve(c) })
-		}
-	})
-	t.Cleanup(func() {
-		_ = r.ln.Close()
-		r.mu.Lock()
-		for c := range r.conns {
-			_ = c.Close()
-		}
-		r.mu.Unlock()
-		r.wg.Wait()
-	})
-	return r
-}
-
-func (r *rawService) serve(c net.Conn) {
-	defer func() {
-		_ = c.Close()
-		r.mu.Lock()
-		delete(r.conns, c)
-		r.mu.Unlock()
-	}()
-	br := bufio.NewReader(c)
-	for {
-		req, err := http.ReadRequest(br)
-		if err != nil {
-			return
-		}
-		r.mu.Lock()
-		r.seen = append(r.seen, seenRequest{req.Method, req.Host, req.RequestURI, req.Header.Get("Authorization")})
-		r.mu.Unlock()
-		_, _ = io.Copy(io.Discard, req.Body)
-		if _, err := io.WriteString(c, "HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n"); err != nil {
-			return
-		}
-	}
-}
-
-func (r *rawService) port() int { return r.ln.Addr().(*net.TCPAddr).Port }
-
-func (r *rawService) requests() []seenRequest {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]seenRequest(nil), r.seen...)
-}
-
 // The attack the CONNECT refusal stops: tenant evil runs a stock frpc whose
 // service answers anything with an empty 200 and keeps the connection. A
 // CONNECT to evil's host, if it reached frp's vhost, would join a pooled
@@ -217,8 +145,8 @@ func (r *rawService) requests() []seenRequest {
 // victim's requests reach victim's service and nothing else.
 func TestConnectCannotDivertAnotherStockFRPCTunnel(t *testing.T) {
 	s := startServer(t)
-	evil := newRawService(t)
-	s.startFRPC(t, "evil", evil.port(), frpcOpts{})
+	evil := testutil.NewRawService(t)
+	s.startFRPC(t, "evil", evil.Port(), frpcOpts{})
 	// Go's ServeMux answers CONNECT with a keep-alive 404 that has a length.
 	mux := newHTTPTestServer(t, http.NewServeMux())
 	s.startFRPC(t, "plain", serverPort(mux), frpcOpts{})
@@ -241,8 +169,8 @@ func TestConnectCannotDivertAnotherStockFRPCTunnel(t *testing.T) {
 			t.Fatalf("request %d for victim: got %d %q, want victim's answer", i, code, body)
 		}
 	}
-	for _, r := range evil.requests() {
-		if r.authorization != "" || strings.HasPrefix(r.host, "victim.") || strings.HasPrefix(r.target, "/private/") {
+	for _, r := range evil.Requests() {
+		if r.Authorization != "" || strings.HasPrefix(r.Host, "victim.") || strings.HasPrefix(r.Target, "/private/") {
 			t.Errorf("evil's service got victim's request: %+v", r)
 		}
 	}
