@@ -130,7 +130,7 @@ func replayable(req *http.Request) bool {
 	return key || xkey
 }
 
-// writeRequest writes req, which has no body, from a pooled buffer.
+// writeRequest writes req, head and body, through a pooled buffer.
 func (pc *persistConn) writeRequest(req *http.Request) error {
 	bw := getWriter(pc)
 	err := req.Write(bw)
@@ -157,12 +157,7 @@ func (ex *exchange) writeWithBody() {
 		r.Body = cb
 		req = &r
 	}
-	bw := getWriter(ex.pc)
-	err := req.Write(bw)
-	if err == nil {
-		err = bw.Flush()
-	}
-	putWriter(bw)
+	err := ex.pc.writeRequest(req)
 	switch {
 	case cb != nil && cb.refused:
 		// The connection closes once the response has been read.
