@@ -167,6 +167,19 @@ func TestRequestsSpreadOverSessions(t *testing.T) {
 	}
 }
 
+// twoSessionsOneRelayed gives tunnel name two sessions, both to upstream:
+// the first through the returned relay, which a test can break, the second
+// direct.
+func (s *testServer) twoSessionsOneRelayed(t *testing.T, name, upstream string) *relay {
+	t.Helper()
+	r := newRelay(t, s.tunnel)
+	s.runClient(t, name, r.addr(), 1, upstream)
+	s.waitSessions(t, name, 1)
+	s.runClient(t, name, s.tunnel, 1, upstream)
+	s.waitSessions(t, name, 2)
+	return r
+}
+
 // A session whose path went dark (nothing passes, nothing closes) costs a
 // request a few seconds at most while another session serves the tunnel:
 // a dial through it is given up after a ping goes unanswered, and a
@@ -175,11 +188,7 @@ func TestRequestsSpreadOverSessions(t *testing.T) {
 func TestSilentSessionIsPassedOver(t *testing.T) {
 	s := startServer(t)
 	be := backend(t, "alpha")
-	r := newRelay(t, s.tunnel)
-	s.runClient(t, "alpha", r.addr(), 1, be.URL)
-	s.waitSessions(t, "alpha", 1)
-	s.runClient(t, "alpha", s.tunnel, 1, be.URL)
-	s.waitSessions(t, "alpha", 2)
+	r := s.twoSessionsOneRelayed(t, "alpha", be.URL)
 	for range 10 { // both sessions have pooled streams now
 		if code, body, _ := s.get(t, "alpha", "/"); code != http.StatusOK {
 			t.Fatalf("got %d %s", code, body)
@@ -218,11 +227,7 @@ func TestSilentSessionIsPassedOver(t *testing.T) {
 func TestRequestsSurviveALostSession(t *testing.T) {
 	s := startServer(t)
 	be := backend(t, "alpha")
-	r := newRelay(t, s.tunnel)
-	s.runClient(t, "alpha", r.addr(), 1, be.URL)
-	s.waitSessions(t, "alpha", 1)
-	s.runClient(t, "alpha", s.tunnel, 1, be.URL)
-	s.waitSessions(t, "alpha", 2)
+	r := s.twoSessionsOneRelayed(t, "alpha", be.URL)
 
 	var failed, served atomic.Int32
 	stop := make(chan struct{})
