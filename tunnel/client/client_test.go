@@ -91,29 +91,16 @@ func listen(t *testing.T) net.Listener {
 // ends too (TestMain checks that none is left).
 func TestClientServesThroughServer(t *testing.T) {
 	srv := startServer(t)
-	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = fmt.Fprintf(w, "backend saw %s", r.URL.Path)
-	}), ReadHeaderTimeout: time.Second}
-	bln := listen(t)
-	go func() { _ = backend.Serve(bln) }()
-	t.Cleanup(func() { _ = backend.Close() })
+	backend := pathBackend(t)
 
 	c, err := New(Config{
 		Server: srv.tunnel, TokenFile: srv.tokenFile(t, "acme"), Proxy: "direct",
-		TLSFingerprint: srv.Fingerprint(), Routes: []proxy.Route{mustRoute(t, "/=http://"+bln.Addr().String())},
+		TLSFingerprint: srv.Fingerprint(), Routes: []proxy.Route{mustRoute(t, "/=http://"+backend)},
 	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- c.Serve(ctx, nil) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	serve(t, c, nil)
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		if ok, reason := c.status.readiness(); !ok {
 			return errors.New(reason)
@@ -121,21 +108,8 @@ func TestClientServesThroughServer(t *testing.T) {
 		return nil
 	})
 
-	hc := &http.Client{Timeout: 5 * time.Second}
-	defer hc.CloseIdleConnections()
-	for _, path := range []string{"/a", "/b/c"} {
-		req, _ := http.NewRequestWithContext(t.Context(), http.MethodGet, "http://"+srv.entry+path, nil)
-		req.Host = "acme.localhost"
-		resp, err := hc.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		_ = resp.Body.Close()
-		if resp.StatusCode != http.StatusOK || string(body) != "backend saw "+path {
-			t.Errorf("GET %s through the tunnel: %s %q (%s: %s)", path, resp.Status, body, proxy.ErrorHeader, resp.Header.Get(proxy.ErrorHeader))
-		}
-	}
+	getThrough(t, srv.entry, "/a")
+	getThrough(t, srv.entry, "/b/c")
 }
 
 // Two slots serve one tunnel through a real server, each as itself: both
@@ -143,16 +117,11 @@ func TestClientServesThroughServer(t *testing.T) {
 // dies the tunnel stays ready while that slot reconnects.
 func TestSlotsServeThroughServer(t *testing.T) {
 	srv := startServer(t)
-	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = fmt.Fprintf(w, "backend saw %s", r.URL.Path)
-	}), ReadHeaderTimeout: time.Second}
-	bln := listen(t)
-	go func() { _ = backend.Serve(bln) }()
-	t.Cleanup(func() { _ = backend.Close() })
+	backend := pathBackend(t)
 
 	c, err := New(Config{
 		Server: srv.tunnel, TokenFile: srv.tokenFile(t, "acme"), Proxy: "direct", Connections: 2,
-		TLSFingerprint: srv.Fingerprint(), Routes: []proxy.Route{mustRoute(t, "/=http://"+bln.Addr().String())},
+		TLSFingerprint: srv.Fingerprint(), Routes: []proxy.Route{mustRoute(t, "/=http://"+backend)},
 	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {
 		t.Fatal(err)
@@ -171,15 +140,7 @@ func TestSlotsServeThroughServer(t *testing.T) {
 		mu.Unlock()
 		return rc, via, nil
 	}
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- c.Serve(ctx, nil) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	serve(t, c, nil)
 	bothReady := func() error {
 		snap := c.status.snapshot()
 		if got := sessionsOf(c); len(got) != 2 || snap.Sessions[0].State != StateReady || snap.Sessions[1].State != StateReady {
@@ -214,6 +175,21 @@ func TestSlotsServeThroughServer(t *testing.T) {
 	getThrough(t, srv.entry, "/b/c")
 }
 
+// serve runs c, with its health endpoints on health (nil: none), until the
+// test ends, and fails the test if Serve returns an error.
+func serve(t testing.TB, c *Client, health net.Listener) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	done := make(chan error, 1)
+	go func() { done <- c.Serve(ctx, health) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+}
+
 // closeRecorder is a connection that records whether the client closed it.
 type closeRecorder struct {
 	net.Conn
@@ -223,6 +199,19 @@ type closeRecorder struct {
 func (c *closeRecorder) Close() error {
 	c.closed.Store(true)
 	return c.Conn.Close()
+}
+
+// pathBackend starts an upstream that answers with the path it was asked
+// for, as getThrough expects, and returns its address.
+func pathBackend(t *testing.T) string {
+	t.Helper()
+	backend := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = fmt.Fprintf(w, "backend saw %s", r.URL.Path)
+	}), ReadHeaderTimeout: time.Second}
+	ln := listen(t)
+	go func() { _ = backend.Serve(ln) }()
+	t.Cleanup(func() { _ = backend.Close() })
+	return ln.Addr().String()
 }
 
 // getThrough asks the server's public entry for path on tunnel acme and checks the

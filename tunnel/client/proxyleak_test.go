@@ -2,7 +2,6 @@ package client
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -138,15 +137,7 @@ func runUntilFailed(t *testing.T, c *Client) (status, logs string) {
 		t.Fatal(err)
 	}
 	base := "http://" + ln.Addr().String()
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- c.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
+	serve(t, c, ln)
 	// The failure is recorded in the status, then logged.
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		body, err := get(base + "/status")

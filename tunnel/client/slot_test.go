@@ -209,15 +209,7 @@ func startFake(t *testing.T, n int) (*Client, *fakeServer, []*fakeSession) {
 		t.Fatal(err)
 	}
 	f := newFakeServer(t, c)
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- c.Serve(ctx, nil) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
+	serve(t, c, nil)
 	synctest.Wait()
 	first := make([]*fakeSession, n)
 	for range n {
@@ -611,9 +603,7 @@ func TestSessionsEndingAtLoginLeaveNothing(t *testing.T) {
 	}
 	f := newFakeServer(t, c)
 	f.endAtLogin = true
-	ctx, cancel := context.WithCancel(t.Context())
-	done := make(chan error, 1)
-	go func() { done <- c.Serve(ctx, nil) }()
+	serve(t, c, nil)
 	const sessions = 300
 	testutil.WaitFor(t, 30*time.Second, func() error {
 		if n := c.status.snapshot().Reconnects; n < sessions {
@@ -621,8 +611,4 @@ func TestSessionsEndingAtLoginLeaveNothing(t *testing.T) {
 		}
 		return nil
 	})
-	cancel()
-	if err := <-done; err != nil {
-		t.Errorf("Serve: %v", err)
-	}
 }
