@@ -63,14 +63,7 @@ func fleetAPI(t *testing.T, token string, v any) (url string, body []byte) {
 // stdout.
 func showFleet(t *testing.T, url, tokenFile string, format Format, names ...string) (string, error) {
 	t.Helper()
-	admin, err := NewAdmin(url, tokenFile)
-	if err != nil {
-		t.Fatalf("NewAdmin: %v", err)
-	}
-	filter, err := NewFilter(names)
-	if err != nil {
-		t.Fatalf("NewFilter: %v", err)
-	}
+	admin, filter := adminAndFilter(t, url, tokenFile, names)
 	fl, err := admin.Fleet(context.Background())
 	if err != nil {
 		return "", err

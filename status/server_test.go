@@ -91,8 +91,9 @@ func writeTokenFile(t *testing.T, content string) string {
 	return p
 }
 
-// showTunnels runs what `tether status --admin` does and returns stdout.
-func showTunnels(t *testing.T, url, tokenFile string, format Format, names ...string) (string, error) {
+// adminAndFilter is what `tether status --admin URL [NAME...]` reads the
+// server with, and filters what it prints by.
+func adminAndFilter(t *testing.T, url, tokenFile string, names []string) (*Admin, Filter) {
 	t.Helper()
 	admin, err := NewAdmin(url, tokenFile)
 	if err != nil {
@@ -102,6 +103,13 @@ func showTunnels(t *testing.T, url, tokenFile string, format Format, names ...st
 	if err != nil {
 		t.Fatalf("NewFilter: %v", err)
 	}
+	return admin, filter
+}
+
+// showTunnels runs what `tether status --admin` does and returns stdout.
+func showTunnels(t *testing.T, url, tokenFile string, format Format, names ...string) (string, error) {
+	t.Helper()
+	admin, filter := adminAndFilter(t, url, tokenFile, names)
 	list, err := admin.Tunnels(context.Background())
 	if err != nil {
 		return "", err
