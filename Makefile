@@ -72,6 +72,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDialRequest$$' -fuzztime $(FUZZTIME) ./tunnel/
 	$(GO) test -run '^$$' -fuzz '^FuzzDialReply$$' -fuzztime $(FUZZTIME) ./tunnel/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadOpening$$' -fuzztime $(FUZZTIME) ./tunnel/server/
+	$(GO) test -run '^$$' -fuzz '^FuzzHeadLines$$' -fuzztime $(FUZZTIME) ./tunnel/server/
 
 bench: ## Go benchmarks of the request path (see also bench-compare)
 	$(GO) test -run '^$$' -bench . -skip '^BenchmarkIdleSessions$$' -benchmem ./tunnel/server/ ./tunnel/server/registry/ ./proxy/ ./auth/

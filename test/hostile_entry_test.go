@@ -424,3 +424,80 @@ func TestMetricsNeedTheAdminToken(t *testing.T) {
 	}
 	assertNoSecret(t, "the admin token", token, srv.proc)
 }
+
+// TestEntryLimits: the public entry holds at most --max-http-connections
+// connections and closes one more at once, counted and logged; a request
+// head over 32 KiB or 256 lines gets 431; the connections it holds, and
+// the tunnel, are not disturbed.
+func TestEntryLimits(t *testing.T) {
+	t.Parallel()
+	k := newKeys(t)
+	srv := startServer(t, k, serverOpts{args: []string{"--max-http-connections", "3"}})
+	alpha := newBackend(t, "alpha", nil)
+	startClient(t, srv, clientOpts{tokenFile: writeToken(t, k.issue(t, "alpha", time.Hour)), routes: []string{"/=" + alpha.url()}})
+	srv.waitServed(t, "alpha")
+	httpc.CloseIdleConnections()
+	quickc.CloseIdleConnections()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := srv.metric(t, "tether_http_connections"); n != 0 {
+			return fmt.Errorf("tether_http_connections = %v, want 0 before the test holds any", n)
+		}
+		return nil
+	})
+
+	var held []net.Conn
+	for range 3 {
+		c, err := net.Dial("tcp", srv.httpAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		held = append(held, c)
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := srv.metric(t, "tether_http_connections"); n != 3 {
+			return fmt.Errorf("tether_http_connections = %v, want 3", n)
+		}
+		return nil
+	})
+	if c, err := net.Dial("tcp", srv.httpAddr); err == nil { // a reset may come before the dial returns
+		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if n, err := c.Read(make([]byte, 1)); n > 0 || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("a fourth connection: read %d bytes, %v; want it closed at once", n, err)
+		}
+		_ = c.Close()
+	}
+	if n := srv.metric(t, "tether_connections_refused_total", "reason", "http_connections"); n != 1 {
+		t.Errorf("tether_connections_refused_total{reason=http_connections} = %v, want 1", n)
+	}
+	logged := false
+	for _, l := range srv.logLines() {
+		logged = logged || l["msg"] == "public entry connection refused: --max-http-connections are open; raise it if callers need more"
+	}
+	if !logged {
+		t.Error("the refused connection was not logged")
+	}
+
+	for _, c := range held {
+		_ = c.Close()
+	}
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := srv.metric(t, "tether_http_connections"); n != 0 {
+			return fmt.Errorf("tether_http_connections = %v after the connections closed, want 0", n)
+		}
+		return nil
+	})
+	head := "GET / HTTP/1.1\r\nHost: alpha." + domain + "\r\n"
+	for name, fields := range map[string]string{
+		"a 40 KiB head":        "X-Big: " + strings.Repeat("a", 40<<10) + "\r\n",
+		"a head of 300 fields": strings.Repeat("X-Many: a\r\n", 300),
+	} {
+		if r := rawRequest(t, srv.httpAddr, head+fields+"\r\n"); r.code != http.StatusRequestHeaderFieldsTooLarge {
+			t.Errorf("%s: %d %q, want 431", name, r.code, r.body)
+		}
+	}
+	r, err := do(srv.request(t, http.MethodGet, "alpha", "/after", nil))
+	if err != nil || r.code != http.StatusOK {
+		t.Errorf("alpha after the limits: %+v %v", r, err)
+	}
+}

@@ -41,6 +41,7 @@ type ServerOptions struct {
 	PeerSecretFile       string
 	MaxSessionsPerTunnel int
 	MaxRequestsPerTunnel int
+	MaxHTTPConnections   int
 	MemoryLimit          string
 }
 
@@ -110,6 +111,7 @@ connections not yet logged in are capped (1024 in all, and
 	fl.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long clients may take to move to other replicas and in-flight requests to finish before tunnels close")
 	fl.IntVar(&opts.MaxAnonymousPerIP, "max-anonymous-per-ip", 64, "tunnel connections not yet logged in allowed from one client address (an IPv6 /64); more are closed before TLS. Raise it when a load balancer in front hides client addresses (externalTrafficPolicy: Cluster)")
 	fl.IntVar(&opts.MaxSessionsPerTunnel, "max-sessions-per-tunnel", 16, "sessions one tunnel may have on this replica (its clients' --connections, summed); more logins are refused")
+	fl.IntVar(&opts.MaxHTTPConnections, "max-http-connections", 8192, "connections the public entry (--http-addr) holds at once, websockets included, and the peer port the same; more are closed at accept")
 	fl.IntVar(&opts.MaxRequestsPerTunnel, "max-requests-per-tunnel", 1024, "requests one tunnel may have in flight on this replica (long polls and event streams included); more are answered 503 tunnel_busy")
 	fl.StringVar(&opts.Registry, "registry", "memory", "where replicas share which of them serve which tunnel: memory (one replica), or redis://HOST:PORT[/DB] / rediss://... for several")
 	fl.StringVar(&opts.RegistryPasswordFile, "registry-password-file", "", "file holding the Redis password (instead of putting it in --registry)")
@@ -151,6 +153,7 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 
 		MaxSessionsPerTunnel: opts.MaxSessionsPerTunnel,
 		MaxRequestsPerTunnel: opts.MaxRequestsPerTunnel,
+		MaxHTTPConnections:   opts.MaxHTTPConnections,
 		Registry:             opts.Registry,
 		RegistryPasswordFile: opts.RegistryPasswordFile,
 		ReplicaID:            opts.ReplicaID,

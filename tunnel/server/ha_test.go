@@ -617,21 +617,7 @@ func TestForwardedWebsocketAndLargeBody(t *testing.T) {
 	f, k := newFleet(), newKeys(t)
 	a := startReplica(t, f, k, "a")
 	b := startReplica(t, f, k, "b")
-	be := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Upgrade") == "websocket" {
-			conn, brw, err := http.NewResponseController(w).Hijack()
-			if err != nil {
-				return
-			}
-			defer conn.Close()
-			_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
-			_ = brw.Flush()
-			_, _ = io.Copy(conn, brw) // echo until the caller closes
-			return
-		}
-		n, err := io.Copy(io.Discard, r.Body)
-		fmt.Fprintf(w, "received %d bytes, %v", n, err)
-	}))
+	be := upgradeEcho(t)
 	a.runClient(t, "alpha", a.tunnel, 1, be.URL)
 	a.waitSessions(t, "alpha", 1)
 	testutil.WaitFor(t, 5*time.Second, func() error {
@@ -649,25 +635,66 @@ func TestForwardedWebsocketAndLargeBody(t *testing.T) {
 		t.Errorf("a 16 MiB upload through replica b: %d %q", code, body)
 	}
 
-	conn, err := net.Dial("tcp", strings.TrimPrefix(b.entry, "http://"))
+	ws := upgrade(t, b.entry, "alpha")
+	defer ws.Close()
+	ws.echo(t, "ping one", "ping two")
+}
+
+// upgradeEcho is an upstream that switches a websocket upgrade to an echo
+// of what the caller sends, and answers any other request with the size of
+// its body.
+func upgradeEcho(t testing.TB) *httptestServer {
+	return newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Upgrade") == "websocket" {
+			conn, brw, err := http.NewResponseController(w).Hijack()
+			if err != nil {
+				return
+			}
+			defer conn.Close()
+			_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\r\n")
+			_ = brw.Flush()
+			_, _ = io.Copy(conn, brw) // echo until the caller closes
+			return
+		}
+		n, err := io.Copy(io.Discard, r.Body)
+		fmt.Fprintf(w, "received %d bytes, %v", n, err)
+	}))
+}
+
+// upgraded is a websocket connection through the public entry.
+type upgraded struct {
+	net.Conn
+	br *bufio.Reader
+}
+
+// upgrade opens a websocket to tunnel name through entry.
+func upgrade(t testing.TB, entry, name string) *upgraded {
+	t.Helper()
+	conn, err := net.Dial("tcp", strings.TrimPrefix(entry, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	_, _ = io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: alpha."+testDomain+"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
+	_, _ = io.WriteString(conn, "GET /ws HTTP/1.1\r\nHost: "+name+"."+testDomain+"\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"+
 		"Sec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n")
 	br := bufio.NewReader(conn)
 	res, err := http.ReadResponse(br, nil)
 	if err != nil || res.StatusCode != http.StatusSwitchingProtocols {
-		t.Fatalf("upgrade through replica b: %v %v", res, err)
+		_ = conn.Close()
+		t.Fatalf("websocket upgrade for %s through %s: %v %v", name, entry, res, err)
 	}
-	for _, msg := range []string{"ping one", "ping two"} {
-		if _, err := io.WriteString(conn, msg); err != nil {
+	return &upgraded{Conn: conn, br: br}
+}
+
+// echo sends each message and checks that it comes back.
+func (u *upgraded) echo(t testing.TB, msgs ...string) {
+	t.Helper()
+	for _, msg := range msgs {
+		if _, err := io.WriteString(u, msg); err != nil {
 			t.Fatal(err)
 		}
 		got := make([]byte, len(msg))
-		if _, err := io.ReadFull(br, got); err != nil || string(got) != msg {
+		if _, err := io.ReadFull(u.br, got); err != nil || string(got) != msg {
 			t.Fatalf("echo of %q through the upgraded connection: %q, %v", msg, got, err)
 		}
 	}

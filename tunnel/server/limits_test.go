@@ -52,11 +52,17 @@ func (s *testServer) refusedConns(reason string) float64 {
 	return testutil.ToFloat64(s.metrics.connectionsRefused.WithLabelValues(reason))
 }
 
-func (s *testServer) waitAnonymous(t *testing.T, want int) {
+func (s *testServer) waitAnonymous(t testing.TB, want int) {
+	t.Helper()
+	waitCount(t, "anonymous connections", s.anonymous.count, want)
+}
+
+// waitCount waits until count() is want.
+func waitCount(t testing.TB, what string, count func() int, want int) {
 	t.Helper()
 	wait.WaitFor(t, 10*time.Second, func() error {
-		if n := s.anonymous.count(); n != want {
-			return fmt.Errorf("%d anonymous connections, want %d", n, want)
+		if n := count(); n != want {
+			return fmt.Errorf("%d %s, want %d", n, what, want)
 		}
 		return nil
 	})

@@ -36,7 +36,7 @@ type metrics struct {
 	sessionsSilent prometheus.Counter
 }
 
-func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, reg registry.Registry) *metrics {
+func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *connSlots, reg registry.Registry) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		sessionsReplaced: prometheus.NewCounter(prometheus.CounterOpts{
@@ -61,7 +61,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, reg registry.
 		}, []string{"reason"}),
 		connectionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_connections_refused_total",
-			Help: "Tunnel connections closed at accept, before TLS, because too many connections that have not logged in are open: in total (anonymous) or from the client's address (anonymous_per_ip).",
+			Help: "Connections closed at accept: tunnel connections, before TLS, because too many that have not logged in are open, in total (anonymous) or from the client's address (anonymous_per_ip); public entry connections beyond --max-http-connections (http_connections), and peer port connections beyond it (peer_connections).",
 		}, []string{"reason"}),
 		sessionsLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_sessions_closed_by_limit_total",
@@ -106,6 +106,10 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, reg registry.
 			Name: "tether_anonymous_connections",
 			Help: "Tunnel connections accepted that have not logged in (yet): handshaking, logging in, or probing.",
 		}, func() float64 { return float64(anonymous.count()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tether_http_connections",
+			Help: "Connections open on the public entry (--http-addr), websockets included; --max-http-connections caps them.",
+		}, func() float64 { return float64(entryConns.count()) }),
 		tunnelCollector{sessions: sessions},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),

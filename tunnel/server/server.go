@@ -5,7 +5,8 @@
 // The engine is an embedded frp server. In front of it sits tether's session
 // layer (the gate: TLS, yamux, one identity per connection, and limits on
 // what a connection may cost before it has logged in), behind it the auth
-// plugin (JWT logins, route rules), and beside it the public HTTP entry and
+// plugin (JWT logins, route rules), and beside it the public HTTP entry
+// (with its own caps on connections and request heads, entrylimits.go) and
 // the admin endpoints.
 //
 //	srv, err := server.New(server.Config{
@@ -100,6 +101,10 @@ type Config struct {
 	// MaxSessionsPerTunnel caps the sessions one tunnel may have on this
 	// replica, whatever the clients' number. Default 16.
 	MaxSessionsPerTunnel int
+	// MaxHTTPConnections caps the public entry's connections, and the peer
+	// port's; more are closed at once. Default 8192, which bounds their
+	// memory to at most 768 MiB (see entrylimits.go and README.md).
+	MaxHTTPConnections int
 	// MaxRequestsPerTunnel caps the requests one tunnel may have in flight
 	// on this replica, served here or forwarded; more are answered 503
 	// tunnel_busy at once. Default 1024.
@@ -148,6 +153,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxRequestsPerTunnel == 0 {
 		c.MaxRequestsPerTunnel = defaultMaxRequestsPerTunnel
+	}
+	if c.MaxHTTPConnections == 0 {
+		c.MaxHTTPConnections = defaultMaxHTTPConnections
 	}
 	if c.ReplicaID == "" {
 		c.ReplicaID, _ = os.Hostname()
@@ -211,6 +219,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxSessionsPerTunnel < 0 {
 		errs = append(errs, fmt.Errorf("--max-sessions-per-tunnel %d: want a positive number, or 0 for the default %d", c.MaxSessionsPerTunnel, defaultMaxSessionsPerTunnel))
+	}
+	if c.MaxHTTPConnections < 0 {
+		errs = append(errs, fmt.Errorf("--max-http-connections %d: want a positive number of connections, or 0 for the default %d", c.MaxHTTPConnections, defaultMaxHTTPConnections))
 	}
 	if c.MaxRequestsPerTunnel < 0 {
 		errs = append(errs, fmt.Errorf("--max-requests-per-tunnel %d: want a positive number, or 0 for the default %d", c.MaxRequestsPerTunnel, defaultMaxRequestsPerTunnel))
@@ -308,6 +319,7 @@ type Server struct {
 	inflight   *inflight // requests in flight per tunnel
 	metrics    *metrics
 	anonymous  *anonymousSlots
+	entryConns *connSlots // the public entry's connections
 	// floodLog is log, sampled: for what a client can make the server log
 	// as often as it likes (refused connections and streams, limits).
 	floodLog *zap.Logger
@@ -385,6 +397,7 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	s.certs = certs
 	s.tlsConfig = &tls.Config{GetCertificate: certs.GetCertificate, MinVersion: tls.VersionTLS12}
 	s.anonymous = newAnonymousSlots(cfg.MaxAnonymous, cfg.MaxAnonymousPerIP)
+	s.entryConns = newConnSlots(cfg.MaxHTTPConnections)
 	s.floodLog = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		// Per message: the first 5 every 10s, then none until the next 10s.
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
@@ -392,7 +405,7 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	s.sessionLog = log.Named("session")
 	s.sessions = newSessionTable(s.registry)
 	s.inflight = newInflight(cfg.MaxRequestsPerTunnel)
-	s.metrics = newMetrics(s.sessions, s.anonymous, s.registry)
+	s.metrics = newMetrics(s.sessions, s.anonymous, s.entryConns, s.registry)
 	return s, nil
 }
 
@@ -492,6 +505,8 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          zap.NewStdLog(s.log.Named("entry")),
+		MaxHeaderBytes:    maxEntryHeaderBytes,
+		ConnState:         trackHeads,
 	}
 	var peerSrv *http.Server
 	if ls.Peer != nil {
@@ -500,9 +515,11 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       120 * time.Second,
 			ErrorLog:          zap.NewStdLog(s.log.Named("peer")),
+			MaxHeaderBytes:    maxPeerHeaderBytes,
+			ConnState:         trackHeads,
 		}
 	}
-	adminSrv := &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second}
+	adminSrv := &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: maxAdminHeaderBytes}
 
 	// The registry outlives the drain: it tells where the clients moved,
 	// and removes this replica's entries last.
@@ -510,9 +527,13 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.registry.Run(regCtx) })
 	g.Go(func() error { return serveHTTP(pluginSrv, pluginLn) })
-	g.Go(func() error { return serveHTTP(entrySrv, ls.HTTP) })
+	entryLn := &cappedListener{Listener: ls.HTTP, slots: s.entryConns, maxLines: maxEntryHeadLines,
+		refused: sv.refuser("public entry", refusedHTTPConnections)}
+	g.Go(func() error { return serveHTTP(entrySrv, entryLn) })
 	if peerSrv != nil {
-		g.Go(func() error { return serveHTTP(peerSrv, ls.Peer) })
+		peerLn := &cappedListener{Listener: ls.Peer, slots: newConnSlots(s.cfg.MaxHTTPConnections), maxLines: maxPeerHeadLines,
+			refused: sv.refuser("peer port", refusedPeerConnections)}
+		g.Go(func() error { return serveHTTP(peerSrv, peerLn) })
 	}
 	g.Go(func() error { return serveHTTP(adminSrv, ls.Admin) })
 	g.Go(func() error { return sv.serveTunnel(ls.Tunnel) })
