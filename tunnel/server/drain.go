@@ -34,7 +34,8 @@ const (
 // its new replica); each closes once its last request has ended. Stock frpc
 // clients, which cannot be told, close when the tether clients have moved.
 // Then in-flight requests, forwarded ones included, get what is left of
-// ShutdownTimeout to finish, and the sessions that remain close.
+// ShutdownTimeout to finish (connections that never sent a request close at
+// once), and the sessions that remain close.
 func (s *serving) drain(tunnelLn net.Listener, entrySrv, peerSrv *http.Server) {
 	s.draining.Store(true)
 	_ = tunnelLn.Close()
@@ -57,12 +58,32 @@ func (s *serving) drain(tunnelLn net.Listener, entrySrv, peerSrv *http.Server) {
 			}
 		})
 	}
-	wg.Wait()
+	s.closeUnusedWhile(&wg)
 	for _, sess := range s.sessions.all() {
 		sess.Close("server shutting down")
 	}
 	s.conns.Wait()
 	s.notices.Wait()
+}
+
+// closeUnusedWhile closes the HTTP connections that never sent a byte until
+// the servers' shutdowns (wg) have ended, or Shutdown would wait for them.
+func (s *serving) closeUnusedWhile(shutdowns *sync.WaitGroup) {
+	done := make(chan struct{})
+	go func() { shutdowns.Wait(); close(done) }()
+	t := time.NewTicker(moveTick)
+	defer t.Stop()
+	for {
+		s.entryConns.closeUnused()
+		if s.peerConns != nil {
+			s.peerConns.closeUnused()
+		}
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+	}
 }
 
 // moveClients tells the tether clients to move and closes each session here

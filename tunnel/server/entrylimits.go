@@ -64,16 +64,45 @@ const (
 	refusedPeerConnections = "peer_connections"
 )
 
-// connSlots counts a listener's open connections against a cap.
+// connSlots counts a listener's open connections against a cap, and knows
+// which of them have not sent a byte yet.
 type connSlots struct {
 	max  int64
 	open atomic.Int64
+
+	mu     sync.Mutex
+	unused map[*cappedConn]struct{}
 }
 
-func newConnSlots(maxConns int) *connSlots { return &connSlots{max: int64(maxConns)} }
+func newConnSlots(maxConns int) *connSlots {
+	return &connSlots{max: int64(maxConns), unused: make(map[*cappedConn]struct{})}
+}
 
 // count is the number of connections open.
 func (c *connSlots) count() int { return int(c.open.Load()) }
+
+func (c *connSlots) forget(conn *cappedConn) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.unused, conn)
+}
+
+// closeUnused closes the connections that have not sent a byte. A drain
+// does: Go's HTTP server would wait up to 5 s for each (another replica's
+// transport, or a browser, opens connections in advance), and closing one
+// loses no more than closing an idle keep-alive connection, which the
+// server does anyway.
+func (c *connSlots) closeUnused() {
+	c.mu.Lock()
+	unused := make([]*cappedConn, 0, len(c.unused))
+	for conn := range c.unused {
+		unused = append(unused, conn)
+	}
+	c.mu.Unlock()
+	for _, conn := range unused {
+		_ = conn.Close()
+	}
+}
 
 // cappedListener admits connections while slots has room, and closes any
 // beyond that at accept, with a reset, calling refused. Each connection it
@@ -99,7 +128,11 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 			l.refused(conn)
 			continue
 		}
-		return &cappedConn{Conn: conn, slots: l.slots, head: headLines{max: l.maxLines}}, nil
+		c := &cappedConn{Conn: conn, slots: l.slots, head: headLines{max: l.maxLines}}
+		l.slots.mu.Lock()
+		l.slots.unused[c] = struct{}{}
+		l.slots.mu.Unlock()
+		return c, nil
 	}
 }
 
@@ -111,6 +144,7 @@ type cappedConn struct {
 	net.Conn
 	slots *connSlots
 	once  sync.Once
+	used  atomic.Bool // a byte was read
 	head  headLines
 }
 
@@ -121,6 +155,10 @@ var errTooManyHeadLines = &net.OpError{Op: "read", Net: "tcp", Err: errors.New("
 
 func (c *cappedConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	if n > 0 && !c.used.Load() {
+		c.used.Store(true)
+		c.slots.forget(c)
+	}
 	if n > 0 && c.head.reading.Load() && c.head.scan(p[:n]) {
 		_ = c.SetWriteDeadline(time.Now().Add(time.Second))
 		_, _ = io.WriteString(c.Conn, tooManyHeadLinesAnswer)
@@ -134,7 +172,10 @@ const tooManyHeadLinesAnswer = "HTTP/1.1 431 Request Header Fields Too Large\r\n
 
 func (c *cappedConn) Close() error {
 	err := c.Conn.Close()
-	c.once.Do(func() { c.slots.open.Add(-1) })
+	c.once.Do(func() {
+		c.slots.open.Add(-1)
+		c.slots.forget(c)
+	})
 	return err
 }
 

@@ -271,3 +271,54 @@ func FuzzHeadLines(f *testing.F) {
 		}
 	})
 }
+
+// A drain closes at once the connections that never sent a byte, whose
+// callers opened them in advance (Go's HTTP server would wait 5 s for
+// each), while a request in flight still finishes.
+func TestDrainClosesUnusedConnections(t *testing.T) {
+	release := make(chan struct{})
+	arrived := make(chan struct{}, 1)
+	s := startServer(t, func(c *Config) { c.ShutdownTimeout = 20 * time.Second })
+	s.startClient(t, "alpha", newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/slow" {
+			arrived <- struct{}{}
+			<-release
+		}
+		_, _ = io.WriteString(w, "done")
+	})).URL)
+	http.DefaultClient.CloseIdleConnections()
+	s.waitEntryConns(t, 0)
+
+	slow := make(chan string, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodGet, s.entry+"/slow", nil)
+		req.Host = "alpha." + testDomain
+		res, err := (&http.Client{Timeout: 30 * time.Second}).Do(req)
+		if err != nil {
+			slow <- err.Error()
+			return
+		}
+		defer res.Body.Close()
+		b, _ := io.ReadAll(res.Body)
+		slow <- fmt.Sprintf("%d %s", res.StatusCode, b)
+	}()
+	<-arrived
+	unused := dialEntry(t, s)
+	s.waitEntryConns(t, 2)
+
+	stopped := make(chan struct{})
+	go func() { s.stop(); close(stopped) }()
+	if err := closedByServer(unused, 3*time.Second); err != nil {
+		t.Errorf("a connection that never sent a byte, during the drain: %v; want it closed at once", err)
+	}
+	select {
+	case <-stopped:
+		t.Fatal("the drain ended with a request in flight")
+	default:
+	}
+	close(release)
+	if got := <-slow; got != "200 done" {
+		t.Errorf("the request in flight during the drain: %s, want 200 done", got)
+	}
+	<-stopped
+}

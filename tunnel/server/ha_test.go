@@ -568,9 +568,7 @@ func TestDrainMovesClientsWithoutLosingRequests(t *testing.T) {
 		return nil
 	})
 	// The drain gives up moving clients at half its timeout; the client
-	// must have moved well before that. Stopping may take a few seconds
-	// more: Go's HTTP server waits up to 5 s for a connection that another
-	// replica opened in advance and never used.
+	// must have moved well before that.
 	drained := time.Now()
 	stopped := make(chan struct{})
 	go func() { holder.stop(); close(stopped) }()

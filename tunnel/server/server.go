@@ -342,10 +342,11 @@ type Server struct {
 // serving is what exists while the server serves: Serve builds it.
 type serving struct {
 	*Server
-	frp     *embeddedFRP
-	peers   http.Handler // forwards to other replicas
-	notices sync.WaitGroup
-	pings   sync.WaitGroup // the heartbeat's (watchHeartbeats)
+	frp       *embeddedFRP
+	peers     http.Handler // forwards to other replicas
+	peerConns *connSlots   // the peer port's connections (nil: no peer port)
+	notices   sync.WaitGroup
+	pings     sync.WaitGroup // the heartbeat's (watchHeartbeats)
 }
 
 // Option customises a Server.
@@ -531,7 +532,8 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 		refused: sv.refuser("public entry", refusedHTTPConnections)}
 	g.Go(func() error { return serveHTTP(entrySrv, entryLn) })
 	if peerSrv != nil {
-		peerLn := &cappedListener{Listener: ls.Peer, slots: newConnSlots(s.cfg.MaxHTTPConnections), maxLines: maxPeerHeadLines,
+		sv.peerConns = newConnSlots(s.cfg.MaxHTTPConnections)
+		peerLn := &cappedListener{Listener: ls.Peer, slots: sv.peerConns, maxLines: maxPeerHeadLines,
 			refused: sv.refuser("peer port", refusedPeerConnections)}
 		g.Go(func() error { return serveHTTP(peerSrv, peerLn) })
 	}
