@@ -20,6 +20,19 @@ const WebsocketPath = "/~!frp"
 // never reaches frp, registers nothing and disturbs no running tunnel.
 const ProbeMetaKey = "tether_probe"
 
+// MessageHeaderSize is frp's v1 framing of a message: a type byte and a
+// big-endian int64 length, then the JSON the length counts.
+const MessageHeaderSize = 1 + 8
+
+// MaxMessageSize is the longest frp v1 message frp reads, without its
+// header (golib msg/json's maxMsgLength). A login is one: the server refuses
+// a longer first message before frp sees it.
+const MaxMessageSize = 10240
+
+// MaxLoginSize is the longest login a tether client sends: the server adds
+// the session's ID to it (about 60 bytes) before frp reads it.
+const MaxLoginSize = MaxMessageSize - 128
+
 // ProbeReply follows the server's LoginResp to an accepted probe, as one
 // JSON line: what the server knows about the token's tunnel.
 type ProbeReply struct {

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,6 +20,7 @@ import (
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel"
 	"github.com/tether-dev/tether/tunnel/server"
 )
 
@@ -230,5 +232,51 @@ func getThrough(t *testing.T, entry, path string) {
 	_ = resp.Body.Close()
 	if resp.StatusCode != http.StatusOK || string(body) != "backend saw "+path {
 		t.Errorf("GET %s through the tunnel: %s %q (%s: %s)", path, resp.Status, body, proxy.ErrorHeader, resp.Header.Get(proxy.ErrorHeader))
+	}
+}
+
+// A login longer than the server reads is not sent: the client says which
+// part makes it long and what to do, where it used to see only an EOF when
+// the server closed the connection.
+func TestOversizedLoginSaysWhy(t *testing.T) {
+	srv := startServer(t)
+	tok, err := srv.signer.Issue(auth.IssueRequest{Tunnel: "acme", Account: strings.Repeat("a", 11000), TTL: time.Hour}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := New(Config{
+		Server: srv.tunnel, TokenFile: writeTestFile(t, "token", tok), Proxy: "direct",
+		TLSFingerprint: srv.Fingerprint(), Routes: []proxy.Route{mustRoute(t, "/=http://"+pathBackend(t))},
+	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	status, logs := runUntilFailed(t, c, "login failed; retrying")
+	want := fmt.Sprintf("the token (--token-file) is %d bytes: issue one with shorter claims", len(tok))
+	for what, text := range map[string]string{"/status": status, "/debug/logs": logs} {
+		if !strings.Contains(text, "the login is ") || !strings.Contains(text, want) {
+			t.Errorf("%s after an oversized login: %s\nwant it to say %q", what, text, want)
+		}
+	}
+}
+
+// The hint names the larger of the token and the routes.
+func TestCheckLoginSize(t *testing.T) {
+	for _, tc := range []struct {
+		size          int
+		token, routes int
+		want          string
+	}{
+		{tunnel.MaxLoginSize, 9000, 100, ""},
+		{tunnel.MaxLoginSize + 1, 9000, 100, "the token (--token-file) is 9000 bytes"},
+		{tunnel.MaxLoginSize + 1, 4000, 6000, "the routes (--route) take 6000 bytes"},
+	} {
+		err := checkLoginSize(tc.size, map[string]string{auth.TokenMetaKey: strings.Repeat("t", tc.token), tunnel.RoutesMetaKey: strings.Repeat("r", tc.routes)})
+		switch {
+		case tc.want == "" && err != nil:
+			t.Errorf("a login of %d bytes: %v, want it sent", tc.size, err)
+		case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
+			t.Errorf("a login of %d bytes (token %d, routes %d): %v, want %q", tc.size, tc.token, tc.routes, err, tc.want)
+		}
 	}
 }

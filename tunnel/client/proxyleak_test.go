@@ -115,7 +115,7 @@ func TestProxyPasswordNeverShown(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			status, logs := runUntilFailed(t, c)
+			status, logs := runUntilFailed(t, c, "connect to tunnel server failed")
 			if !strings.Contains(status, tc.shown) {
 				t.Errorf("/status does not say %q:\n%s", tc.shown, status)
 			}
@@ -128,9 +128,9 @@ func TestProxyPasswordNeverShown(t *testing.T) {
 	}
 }
 
-// runUntilFailed runs c until its /status reports a failed connection, and
-// returns its /status and /debug/logs.
-func runUntilFailed(t *testing.T, c *Client) (status, logs string) {
+// runUntilFailed runs c until its /status reports a failed connection and
+// its /debug/logs has logged, and returns its /status and /debug/logs.
+func runUntilFailed(t *testing.T, c *Client, logged string) (status, logs string) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -155,7 +155,7 @@ func runUntilFailed(t *testing.T, c *Client) (status, logs string) {
 		if body, err = get(base + "/debug/logs"); err != nil {
 			return err
 		}
-		if !bytes.Contains(body, []byte("connect to tunnel server failed")) {
+		if !bytes.Contains(body, []byte(logged)) {
 			return fmt.Errorf("/debug/logs lacks the failure:\n%s", body)
 		}
 		logs = string(body)

@@ -1,6 +1,7 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -140,10 +141,6 @@ func (s *slot) login(mux *yamux.Session) (_ *controlStream, runID string, _ erro
 // stream once the server has accepted the login, and the run ID the server
 // gave the session (runID when it names none).
 func sendLogin(mux *yamux.Session, frpAuth *frpauth.ClientAuth, runID string, metas map[string]string) (net.Conn, string, error) {
-	stream, err := mux.OpenStream()
-	if err != nil {
-		return nil, "", fmt.Errorf("open control stream: %w", err)
-	}
 	hostname, _ := os.Hostname()
 	metas[tunnel.ClientMetaKey] = version.String()
 	login := &msg.Login{
@@ -156,11 +153,21 @@ func sendLogin(mux *yamux.Session, frpAuth *frpauth.ClientAuth, runID string, me
 		Metas:     metas,
 	}
 	if err := frpAuth.Setter.SetLogin(login); err != nil {
-		_ = stream.Close()
 		return nil, "", fmt.Errorf("sign login: %w", err)
 	}
+	var encoded bytes.Buffer
+	if err := msg.WriteMsg(&encoded, login); err != nil {
+		return nil, "", fmt.Errorf("encode login: %w", err)
+	}
+	if err := checkLoginSize(encoded.Len()-tunnel.MessageHeaderSize, metas); err != nil {
+		return nil, "", err
+	}
+	stream, err := mux.OpenStream()
+	if err != nil {
+		return nil, "", fmt.Errorf("open control stream: %w", err)
+	}
 	_ = stream.SetDeadline(time.Now().Add(loginTimeout))
-	if err := msg.WriteMsg(stream, login); err != nil {
+	if _, err := stream.Write(encoded.Bytes()); err != nil {
 		_ = stream.Close()
 		return nil, "", fmt.Errorf("send login: %w", err)
 	}
@@ -180,6 +187,21 @@ func sendLogin(mux *yamux.Session, frpAuth *frpauth.ClientAuth, runID string, me
 		runID = resp.RunID
 	}
 	return stream, runID, nil
+}
+
+// checkLoginSize refuses a login of size bytes that the server would
+// refuse, naming what makes it large: the token or the routes. Without it
+// the server closes the connection and the client sees only an EOF.
+func checkLoginSize(size int, metas map[string]string) error {
+	if size <= tunnel.MaxLoginSize {
+		return nil
+	}
+	token, routes := len(metas[auth.TokenMetaKey]), len(metas[tunnel.RoutesMetaKey])
+	hint := fmt.Sprintf("the token (--token-file) is %d bytes: issue one with shorter claims (account, runtime, audience)", token)
+	if routes > token {
+		hint = fmt.Sprintf("the routes (--route) take %d bytes: serve fewer routes, or shorter prefixes and upstream URLs", routes)
+	}
+	return fmt.Errorf("the login is %d bytes, and the server reads at most %d: %s", size, tunnel.MaxLoginSize, hint)
 }
 
 // RejectedError is the server's refusal of a login, in its own words.

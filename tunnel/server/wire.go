@@ -10,6 +10,8 @@ import (
 
 	"github.com/fatedier/frp/pkg/msg"
 	"github.com/fatedier/frp/pkg/proto/wire"
+
+	"github.com/tether-dev/tether/tunnel"
 )
 
 // opening is the first frp message of a client stream, read by the session
@@ -33,11 +35,10 @@ type opening struct {
 var errOpeningTooLarge = errors.New("first message too large")
 
 // v1 framing: a type byte and a big-endian int64 length, then JSON.
-const v1HeaderSize = 1 + 8
+const v1HeaderSize = tunnel.MessageHeaderSize
 
-// frpMaxV1Message is the longest v1 message frp reads (golib msg/json's
-// maxMsgLength).
-const frpMaxV1Message = 10240
+// frpMaxV1Message is the longest v1 message frp reads.
+const frpMaxV1Message = tunnel.MaxMessageSize
 
 // v2 framing (frp pkg/proto/wire): type uint16, flags uint16, length uint32.
 const v2HeaderSize = 8
