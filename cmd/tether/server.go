@@ -117,7 +117,7 @@ connections not yet logged in are capped (1024 in all, and
 	fl.StringVar(&opts.RegistryPasswordFile, "registry-password-file", "", "file holding the Redis password (instead of putting it in --registry)")
 	fl.StringVar(&opts.ReplicaID, "replica-id", "", "this replica's name among the others, e.g. the pod name (default: the hostname)")
 	fl.StringVar(&opts.PeerAddr, "peer-addr", "", "listener for requests other replicas forward here, e.g. 0.0.0.0:7443 (required with a Redis --registry)")
-	fl.StringVar(&opts.PeerAdvertiseAddr, "peer-advertise-addr", "", "HOST:PORT the other replicas dial to reach --peer-addr, e.g. $(POD_IP):7443 (default --peer-addr; required when that is a wildcard)")
+	fl.StringVar(&opts.PeerAdvertiseAddr, "peer-advertise-addr", "", "HOST:PORT the other replicas dial to reach --peer-addr, e.g. $(POD_IP):7443, an IPv6 address with or without brackets (default --peer-addr; required when that is a wildcard)")
 	fl.StringVar(&opts.PeerSecretFile, "peer-secret-file", "", "file holding the secret all replicas share; a forwarded request without it never reaches a tunnel (required with a Redis --registry)")
 	fl.StringVar(&opts.MemoryLimit, "memory-limit", "", memoryLimitHelp)
 	return cmd

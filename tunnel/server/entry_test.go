@@ -196,6 +196,10 @@ func TestConfigValidate(t *testing.T) {
 		{"public admin without token", func(c *Config) { c.AdminAddr = "0.0.0.0:7700" }, "--admin-token-file"},
 		{"cert without key", func(c *Config) { c.TLSCertFile = "tls.crt" }, "--tls-key"},
 		{"negative request limit", func(c *Config) { c.MaxRequestsPerTunnel = -1 }, "--max-requests-per-tunnel"},
+		{"negative connection limit", func(c *Config) { c.MaxHTTPConnections = -1 }, "--max-http-connections"},
+		{"IPv6 peer address without brackets", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a:7443" }, ""},
+		{"IPv6 wildcard without brackets", func(c *Config) { c.PeerAdvertiseAddr = ":::7443" }, "wildcard"},
+		{"IPv6 address without a port", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a" }, "--peer-advertise-addr"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -210,6 +214,22 @@ func TestConfigValidate(t *testing.T) {
 				t.Fatalf("error %v, want one naming %s", err, tc.want)
 			}
 		})
+	}
+}
+
+// An IPv6 pod's $(POD_IP):7443 is fd00::a:7443: the other replicas dial
+// [fd00::a]:7443.
+func TestPeerAdvertiseAddrIPv6(t *testing.T) {
+	for in, want := range map[string]string{
+		"fd00::a:7443":    "[fd00::a]:7443",
+		"[fd00::a]:7443":  "[fd00::a]:7443",
+		"10.0.0.1:7443":   "10.0.0.1:7443",
+		"pod.ns.svc:7443": "pod.ns.svc:7443",
+		"fd00::a":         "fd00::a", // no port: refused by Validate
+	} {
+		if got := bracketIPv6(in); got != want {
+			t.Errorf("bracketIPv6(%q) = %q, want %q", in, got, want)
+		}
 	}
 }
 

@@ -163,6 +163,7 @@ func (c *Config) setDefaults() {
 	if c.PeerAdvertiseAddr == "" {
 		c.PeerAdvertiseAddr = c.PeerAddr
 	}
+	c.PeerAdvertiseAddr = bracketIPv6(c.PeerAdvertiseAddr)
 	c.Domain = strings.Trim(strings.ToLower(c.Domain), ".")
 }
 
@@ -239,6 +240,20 @@ const defaultMaxSessionsPerTunnel = 16
 // tunnel's flood from taking a replica's memory: each request in flight
 // holds a goroutine, a stream and its buffers.
 const defaultMaxRequestsPerTunnel = 1024
+
+// bracketIPv6 reads an IPv6 address and a port without brackets, which is
+// what $(POD_IP):7443 gives on an IPv6 pod, as [address]:port; anything
+// else it returns as it is.
+func bracketIPv6(addr string) string {
+	i := strings.LastIndexByte(addr, ':')
+	if i < 0 || strings.HasPrefix(addr, "[") {
+		return addr
+	}
+	if ip, err := netip.ParseAddr(addr[:i]); err != nil || !ip.Is6() {
+		return addr
+	}
+	return net.JoinHostPort(addr[:i], addr[i+1:])
+}
 
 // validateReplicas checks the settings of a replica among several.
 func (c *Config) validateReplicas() []error {
