@@ -105,8 +105,8 @@ func (c *connSlots) closeUnused() {
 }
 
 // cappedListener admits connections while slots has room, and closes any
-// beyond that at accept, with a reset, calling refused. Each connection it
-// admits counts the lines of its request heads (headLines).
+// beyond that at accept, with a reset, once refused has counted it. Each
+// connection it admits counts the lines of its request heads (headLines).
 type cappedListener struct {
 	net.Listener
 	slots   *connSlots
@@ -124,8 +124,8 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 		}
 		if l.slots.open.Add(1) > l.slots.max {
 			l.slots.open.Add(-1)
+			l.refused(conn) // counted before the caller sees it
 			resetConn(conn)
-			l.refused(conn)
 			continue
 		}
 		c := &cappedConn{Conn: conn, slots: l.slots, head: headLines{max: l.maxLines}}

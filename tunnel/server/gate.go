@@ -84,8 +84,8 @@ func (s *serving) serveTunnel(ln net.Listener) error {
 // refuseConn closes a connection over the anonymous caps at once, before
 // TLS, with a reset so that no socket lingers in TIME_WAIT.
 func (s *serving) refuseConn(conn net.Conn, reason string) {
+	s.metrics.connectionsRefused.WithLabelValues(reason).Inc() // counted before the client sees it
 	resetConn(conn)
-	s.metrics.connectionsRefused.WithLabelValues(reason).Inc()
 	limit := s.cfg.MaxAnonymous
 	if reason == refusedAnonymousPerIP {
 		limit = s.cfg.MaxAnonymousPerIP
