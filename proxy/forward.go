@@ -9,13 +9,14 @@ import (
 	"net/textproto"
 	"net/url"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"golang.org/x/net/http/httpguts"
+
+	"github.com/tether-dev/tether/internal/copybuf"
 )
 
 // forward sends req to the route's upstream and copies the answer back. It
@@ -286,19 +287,13 @@ func (rt *route) copyBody(w http.ResponseWriter, res *http.Response) error {
 	if flush {
 		rc = http.NewResponseController(w)
 	}
-	small := smallCopyBuffers.Get().(*[smallCopyBuffer]byte)
-	defer smallCopyBuffers.Put(small)
-	var large *[largeCopyBuffer]byte
-	defer func() {
-		if large != nil {
-			largeCopyBuffers.Put(large)
-		}
-	}()
-	buf := small[:]
+	buf := copyBuffers.Get()
+	defer buf.Release()
 	for {
-		n, rerr := res.Body.Read(buf)
+		b := buf.Bytes()
+		n, rerr := res.Body.Read(b)
 		if n > 0 {
-			if _, err := w.Write(buf[:n]); err != nil {
+			if _, err := w.Write(b[:n]); err != nil {
 				return err
 			}
 			if flush {
@@ -319,15 +314,7 @@ func (rt *route) copyBody(w http.ResponseWriter, res *http.Response) error {
 			}
 			return rerr
 		}
-		switch {
-		case n == len(buf) && large == nil:
-			large = largeCopyBuffers.Get().(*[largeCopyBuffer]byte)
-			buf = large[:]
-		case n <= smallCopyBuffer && large != nil:
-			largeCopyBuffers.Put(large)
-			large = nil
-			buf = small[:]
-		}
+		buf.Adapt(n)
 	}
 }
 
@@ -403,14 +390,6 @@ func copySwitched(dst io.Writer, src io.Reader, ended chan<- bool) {
 	ended <- ok && cw.CloseWrite() == nil
 }
 
-// The buffers that copy response bodies (copyBody), pooled as arrays so
-// that Put does not allocate.
-const (
-	smallCopyBuffer = 4 << 10
-	largeCopyBuffer = 32 << 10
-)
-
-var (
-	smallCopyBuffers = sync.Pool{New: func() any { return new([smallCopyBuffer]byte) }}
-	largeCopyBuffers = sync.Pool{New: func() any { return new([largeCopyBuffer]byte) }}
-)
+// copyBuffers copy response bodies (copyBody): 4 KiB, and 32 KiB while the
+// upstream has that much ready.
+var copyBuffers = copybuf.New(4<<10, 32<<10)

@@ -3,7 +3,8 @@ package tunnel
 import (
 	"errors"
 	"io"
-	"sync"
+
+	"github.com/tether-dev/tether/internal/copybuf"
 )
 
 // MaxBulkWrite is the most Copy writes to a stream at once, and so the
@@ -21,10 +22,7 @@ const MaxBulkWrite = 512 << 10
 // (server-sent events) holds only the small one.
 const smallCopyBuffer = 32 << 10
 
-var (
-	smallBuffers = sync.Pool{New: func() any { return new([smallCopyBuffer]byte) }}
-	largeBuffers = sync.Pool{New: func() any { return new([MaxBulkWrite]byte) }}
-)
+var copyBuffers = copybuf.New(smallCopyBuffer, MaxBulkWrite)
 
 // Copy copies src to dst until src ends, as io.Copy does, in writes as
 // large as what src has ready, up to MaxBulkWrite: a read that fills the
@@ -36,20 +34,14 @@ var (
 // connection and a stream, which cannot splice, those copy through a
 // 32 KiB buffer allocated per call.
 func Copy(dst io.Writer, src io.Reader) (int64, error) {
-	small := smallBuffers.Get().(*[smallCopyBuffer]byte)
-	defer smallBuffers.Put(small)
-	var large *[MaxBulkWrite]byte
-	defer func() {
-		if large != nil {
-			largeBuffers.Put(large)
-		}
-	}()
-	buf := small[:]
+	buf := copyBuffers.Get()
+	defer buf.Release()
 	var written int64
 	for {
-		n, err := src.Read(buf)
+		b := buf.Bytes()
+		n, err := src.Read(b)
 		if n > 0 {
-			w, werr := dst.Write(buf[:n])
+			w, werr := dst.Write(b[:n])
 			written += int64(w)
 			if werr == nil && w < n {
 				werr = io.ErrShortWrite
@@ -64,14 +56,6 @@ func Copy(dst io.Writer, src io.Reader) (int64, error) {
 		if err != nil {
 			return written, err
 		}
-		switch {
-		case n == len(buf) && large == nil:
-			large = largeBuffers.Get().(*[MaxBulkWrite]byte)
-			buf = large[:]
-		case n <= smallCopyBuffer && large != nil:
-			largeBuffers.Put(large)
-			large = nil
-			buf = small[:]
-		}
+		buf.Adapt(n)
 	}
 }
