@@ -2,7 +2,10 @@ package tunnel
 
 import (
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"net"
+	"os"
 	"slices"
 	"sync"
 	"time"
@@ -12,18 +15,68 @@ import (
 	"go.uber.org/zap/zapcore"
 )
 
-// MuxConfig is the yamux configuration of both ends of a tunnel session. A
-// dead connection is noticed within heartbeat: a ping goes out every third
-// of it and must be answered within the other two thirds.
+// MuxConfig is the yamux configuration of both ends of a tunnel session.
+// yamux's own keepalive is off: the client runs KeepAlive, the server its
+// heartbeat sweep. A frame that cannot be written within two thirds of
+// heartbeat fails its write.
 func MuxConfig(heartbeat time.Duration, log *zap.Logger) *yamux.Config {
 	c := yamux.DefaultConfig()
-	c.KeepAliveInterval = heartbeat / 3
+	c.EnableKeepAlive = false
 	c.ConnectionWriteTimeout = heartbeat * 2 / 3
 	// frp's value: one stream may fill a long fat pipe.
 	c.MaxStreamWindowSize = 6 << 20
 	c.LogOutput = nil
 	c.Logger, _ = zap.NewStdLogAt(log.Named("yamux"), zapcore.DebugLevel)
 	return c
+}
+
+// KeepAlive pings the other end of mux every two thirds of heartbeat, and
+// closes mux when an answer takes longer than the last third, until mux
+// closes. It returns ErrHeartbeatLost when it closed mux. A dead path is
+// thus noticed within heartbeat, as with yamux's keepalive (a ping every
+// third, answered within two thirds), with half its pings: each ping wakes
+// both ends, and at thousands of idle sessions the pings are all a server
+// does.
+func KeepAlive(mux *yamux.Session, heartbeat time.Duration) error {
+	bound := heartbeat / 3
+	t := time.NewTicker(heartbeat - bound)
+	defer t.Stop()
+	for {
+		select {
+		case <-mux.CloseChan():
+			return nil
+		case <-t.C:
+		}
+		if err := PingWithin(mux, bound); err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) {
+				_ = mux.Close()
+				return fmt.Errorf("%w within %v", ErrHeartbeatLost, bound)
+			}
+			return nil // the session closed while the ping was out
+		}
+	}
+}
+
+// ErrHeartbeatLost is KeepAlive's reason for closing a session.
+var ErrHeartbeatLost = errors.New("no answer to a heartbeat ping")
+
+// PingWithin pings the other end of mux and waits at most d for the answer.
+// yamux's own Ping waits for the connection write timeout; a ping that
+// outlives d ends with the session or that timeout.
+func PingWithin(mux *yamux.Session, d time.Duration) error {
+	done := make(chan error, 1)
+	go func() {
+		_, err := mux.Ping()
+		done <- err
+	}()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-t.C:
+		return os.ErrDeadlineExceeded
+	}
 }
 
 // ConnListener is a net.Listener fed by Push: it hands connections that

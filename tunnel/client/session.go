@@ -36,6 +36,8 @@ func (s *slot) serve(ctx context.Context, mux *yamux.Session, ss *sessionState) 
 	start := time.Now()
 	var streams sync.WaitGroup
 	streams.Go(func() { s.serveStreams(mux, ss) })
+	var lost error
+	streams.Go(func() { lost = tunnel.KeepAlive(mux, s.c.cfg.HeartbeatTimeout) })
 	s.control(ctx, mux, ss)
 	_ = mux.Close()
 	streams.Wait()
@@ -47,7 +49,7 @@ func (s *slot) serve(ctx context.Context, mux *yamux.Session, ss *sessionState) 
 			zap.Duration("connected_for", time.Since(start)))
 	case loggedIn:
 		s.log.Warn("disconnected from tunnel server; reconnecting",
-			zap.Duration("connected_for", time.Since(start)), zap.String("reason", describeEnd(mux)))
+			zap.Duration("connected_for", time.Since(start)), zap.String("reason", describeEnd(lost)))
 	}
 	return outcome{loggedIn: loggedIn, moved: moved, redial: redial}
 }
@@ -257,14 +259,13 @@ func (c *Client) handleWorkConn(_ *v1.ProxyBaseConfig, conn net.Conn, _ *msg.Sta
 	return false // handled: frp must not dial a local port
 }
 
-// describeEnd says why a session ended, for the log.
-func describeEnd(mux *yamux.Session) string {
-	select {
-	case <-mux.CloseChan():
-	default:
-		return "control channel closed by the server"
+// describeEnd says why a logged-in session ended, for the log: lost is
+// KeepAlive's error.
+func describeEnd(lost error) string {
+	if lost != nil {
+		return lost.Error() + ": the path to the server froze (a NAT or proxy dropped it) or the server hung"
 	}
-	return "connection closed or heartbeat lost"
+	return "the connection or its control channel was closed"
 }
 
 // frpClientConfig is the frp client configuration tether's session needs:

@@ -99,31 +99,12 @@ const (
 // checkAnswer runs when a dial has waited dialAnswerBound: it pings the
 // session and abandons the dial if no pong comes within pingBound.
 func (s *Session) checkAnswer(stream *yamux.Stream, state *dialState) {
-	if pingWithin(s.mux, pingBound) == nil {
+	if tunnel.PingWithin(s.mux, pingBound) == nil {
 		return
 	}
 	if state.CompareAndSwap(dialWaiting, dialAbandoned) {
 		s.suspectUntil.Store(time.Now().Add(suspectFor).UnixNano())
 		_ = stream.SetDeadline(time.Now())
-	}
-}
-
-// pingWithin pings the session and waits at most d for the answer. yamux's
-// own Ping waits for its connection write timeout (two thirds of the
-// heartbeat timeout); a ping that outlives d ends with the session's.
-func pingWithin(mux *yamux.Session, d time.Duration) error {
-	done := make(chan error, 1)
-	go func() {
-		_, err := mux.Ping()
-		done <- err
-	}()
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case err := <-done:
-		return err
-	case <-t.C:
-		return os.ErrDeadlineExceeded
 	}
 }
 

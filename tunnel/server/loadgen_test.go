@@ -41,8 +41,8 @@ type loadPlan struct {
 	// Tunnels is the number of tunnels, named tNNNNN, and PerTunnel the
 	// sessions each has (a tether client's --connections).
 	Tunnels, PerTunnel int
-	// Heartbeat is the clients' heartbeat timeout (their yamux pings come
-	// every third of it). Default: the client's, 15s.
+	// Heartbeat is the clients' heartbeat timeout (they ping as a tether
+	// client does, tunnel.KeepAlive). Default: the client's, 15s.
 	Heartbeat time.Duration
 	// NoPings: the sessions never ping (they still answer pings).
 	NoPings bool
@@ -203,9 +203,7 @@ func openLoadSession(ctx context.Context, plan loadPlan, frpAuth *frpauth.Client
 		_ = raw.Close()
 		return nil, fmt.Errorf("TLS handshake: %w", err)
 	}
-	cfg := tunnel.MuxConfig(plan.Heartbeat, zap.NewNop())
-	cfg.EnableKeepAlive = !plan.NoPings
-	mux, err := yamux.Client(tunnel.CoalesceFrames(conn, gatherer), cfg)
+	mux, err := yamux.Client(tunnel.CoalesceFrames(conn, gatherer), tunnel.MuxConfig(plan.Heartbeat, zap.NewNop()))
 	if err != nil {
 		_ = raw.Close()
 		return nil, fmt.Errorf("start yamux: %w", err)
@@ -216,6 +214,9 @@ func openLoadSession(ctx context.Context, plan loadPlan, frpAuth *frpauth.Client
 		return nil, err
 	}
 	go s.readNotices()
+	if !plan.NoPings {
+		go func() { _ = tunnel.KeepAlive(mux, plan.Heartbeat) }()
+	}
 	return s, nil
 }
 

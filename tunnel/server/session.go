@@ -10,6 +10,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/tunnel"
 )
 
 // Session is one connected tunnel client: a TLS (or websocket) connection
@@ -411,7 +412,7 @@ func (s *Session) checkSilence() {
 		s.silence.Reset(silenceBound - time.Since(time.Unix(0, since)))
 		return
 	}
-	if pingWithin(s.mux, silencePing) != nil && s.alive() {
+	if tunnel.PingWithin(s.mux, silencePing) != nil && s.alive() {
 		s.suspectUntil.Store(time.Now().Add(suspectFor).UnixNano())
 		s.onSilence(s)
 		return
@@ -429,8 +430,8 @@ func (s *Session) suspect(now time.Time) bool { return now.UnixNano() < s.suspec
 // the client sends. The server instead looks at all its sessions at once,
 // heartbeatSweeps times per heartbeat timeout, and pings only a session
 // from which nothing was read for two thirds of it (a client pings more
-// often than that: a tether client every third of its own heartbeat
-// timeout, frpc every 30s by default), and closes it when the ping is not
+// often than that: a tether client every two thirds of its own heartbeat
+// timeout, 10s by default (tunnel.KeepAlive), frpc every 30s), and closes it when the ping is not
 // answered within a quarter of it. An idle session of a client that pings
 // thus costs the server no goroutine, no timer and no ping of its own, and
 // a dead client is still noticed within the heartbeat timeout: two thirds
@@ -488,7 +489,7 @@ func (s *serving) watchHeartbeats(ctx context.Context) {
 // not answer within a quarter of the heartbeat timeout.
 func (s *serving) heartbeatPing(sess *Session) {
 	defer sess.beat.pinging.Store(false)
-	if pingWithin(sess.mux, s.cfg.HeartbeatTimeout/4) != nil && sess.alive() {
+	if tunnel.PingWithin(sess.mux, s.cfg.HeartbeatTimeout/4) != nil && sess.alive() {
 		sess.Close("connection lost: " + describeEnd(yamux.ErrKeepAliveTimeout))
 	}
 }
