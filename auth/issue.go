@@ -278,5 +278,10 @@ func (s *Signer) Issue(req IssueRequest, now time.Time) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("issue token: sign with %s: %w", s.alg, err)
 	}
+	// A token Verify would refuse is no token: say so now, not at the
+	// client's first login.
+	if len(signed) > maxTokenSize {
+		return "", fmt.Errorf("issue token: the token is %d bytes, and servers accept at most %d: shorten the account, runtime, issuer or audience claims", len(signed), maxTokenSize)
+	}
 	return signed, nil
 }

@@ -230,6 +230,38 @@ func TestIssue(t *testing.T) {
 		}
 	})
 
+	// Issue gives only tokens Verify accepts: a client whose claims make
+	// the token too long learns it from whoever issues it, not from its
+	// first login.
+	t.Run("longest token", func(t *testing.T) {
+		issue := func(account int) (string, error) {
+			return k.signer.Issue(auth.IssueRequest{Tunnel: "acme", Account: strings.Repeat("a", account), TTL: time.Hour}, now)
+		}
+		ok, refused := 0, 8<<10 // accounts of these lengths: issued, refused
+		if _, err := issue(refused); err == nil {
+			t.Fatalf("Issue with an account of %d bytes: no error", refused)
+		}
+		for refused-ok > 1 {
+			mid := (ok + refused) / 2
+			if _, err := issue(mid); err == nil {
+				ok = mid
+			} else {
+				refused = mid
+			}
+		}
+		tok, err := issue(ok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := v.Verify(tok); err != nil {
+			t.Errorf("the longest token Issue gives (%d bytes) does not verify: %v", len(tok), err)
+		}
+		_, err = issue(refused)
+		if err == nil || !strings.Contains(err.Error(), "at most 8192") || !strings.Contains(err.Error(), "account") {
+			t.Errorf("Issue with an account of %d bytes: %v; want the limit and the claims to shorten", refused, err)
+		}
+	})
+
 	for _, tc := range []struct {
 		name string
 		req  auth.IssueRequest
