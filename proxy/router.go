@@ -240,12 +240,25 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		// starts). Not supported on HTTP/2, which is full duplex anyway.
 		_ = http.NewResponseController(w).EnableFullDuplex()
 	}
-	sw := &StatusWriter{ResponseWriter: w}
+	sw := attempt(w)
 	start := time.Now()
 	// Deferred, so that a response aborted mid-body (forward panics with
 	// http.ErrAbortHandler) is still counted.
 	defer rt.finish(sw, req, start)
 	rt.forward(sw, req)
+}
+
+// attempt returns the StatusWriter that records this router's answer on w:
+// w itself when it is one (the server's entry wraps every request in one,
+// for its own metrics), so that one request has one record of its status.
+// What the router noted of an earlier attempt on it (a reroute) is cleared.
+func attempt(w http.ResponseWriter) *StatusWriter {
+	sw, ok := w.(*StatusWriter)
+	if !ok {
+		return NewStatusWriter(w)
+	}
+	sw.canceled, sw.rerouted = false, false
+	return sw
 }
 
 // match returns the route with the longest prefix matching the path.

@@ -11,6 +11,7 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"go.uber.org/zap/zaptest"
 )
 
@@ -271,10 +272,13 @@ func TestDefaultRoutesRouting(t *testing.T) {
 
 // Reroute takes the errors it wants: the router then answers nothing and
 // counts nothing, and its caller serves the request elsewhere. Other errors
-// are answered as always.
+// are answered as always. The caller's StatusWriter carries the request
+// from one attempt to the next, as the server's entry does: the attempt
+// that answers is counted once.
 func TestRouterReroute(t *testing.T) {
 	errSession := errors.New("the session could not carry the dial")
 	var offered []error
+	reg := prometheus.NewRegistry()
 	r, err := NewRouter([]Route{{Prefix: "/", Upstream: mustURL(t, "http://upstream.test:80")}}, zaptest.NewLogger(t), Options{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			if strings.HasPrefix(fmt.Sprint(ctx.Value(rerouteKey{})), "session") {
@@ -286,11 +290,14 @@ func TestRouterReroute(t *testing.T) {
 			offered = append(offered, err)
 			return errors.Is(err, errSession)
 		},
+		Metrics: reg,
 	})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer r.Close()
+	rec := httptest.NewRecorder()
+	sw := NewStatusWriter(rec)
 	for _, tc := range []struct {
 		cause      string
 		wantStatus int
@@ -299,8 +306,6 @@ func TestRouterReroute(t *testing.T) {
 		{"upstream", http.StatusBadGateway}, // answered: 502 upstream_unreachable
 	} {
 		req := httptest.NewRequestWithContext(context.WithValue(t.Context(), rerouteKey{}, tc.cause), http.MethodGet, "/x", nil)
-		rec := httptest.NewRecorder()
-		sw := NewStatusWriter(rec)
 		r.ServeHTTP(sw, req)
 		if sw.Status() != tc.wantStatus {
 			t.Errorf("%s failure: status %d, want %d (body %q)", tc.cause, sw.Status(), tc.wantStatus, rec.Body.String())
@@ -308,6 +313,13 @@ func TestRouterReroute(t *testing.T) {
 	}
 	if len(offered) != 2 {
 		t.Errorf("Reroute was offered %d errors, want 2", len(offered))
+	}
+	var counted float64
+	for _, s := range gather(t, reg, "tether_proxy_requests_total") {
+		counted += s.value
+	}
+	if got := gather(t, reg, "tether_proxy_requests_total")["adapter=custom,class=5xx,route=/"].value; got != 1 || counted != 1 {
+		t.Errorf("requests counted: 5xx %v, all %v; want the answered attempt once", got, counted)
 	}
 }
 
