@@ -62,7 +62,8 @@ func startFRP(domain, pluginAddr, pluginPath string, ops []string, conns *tunnel
 		Transport: v1.ServerTransportConfig{
 			// The gate owns TLS and multiplexing; frp sees single streams.
 			TCPMux: new(false),
-			// yamux keepalives on the gate's sessions detect dead clients.
+			// The gate's heartbeat (watchHeartbeats, and the tether
+			// client's pings) detects dead clients.
 			HeartbeatTimeout: -1,
 		},
 		DetailedErrorsToClient: new(true), // plugin reject reasons reach the client verbatim

@@ -440,14 +440,13 @@ func (s *serving) handshake(raw net.Conn) (net.Conn, string, error) {
 	return ws, "wss", nil
 }
 
+// yamuxConfig is the sessions' yamux configuration. yamux logs a line per
+// odd frame (for a stream it reset, past its backlog), so its log is
+// sampled like the refusals. Its keepalive is off (tunnel.MuxConfig): the
+// server's heartbeat is watchHeartbeats, with no goroutine and no ping per
+// session while its client pings.
 func (s *serving) yamuxConfig() *yamux.Config {
-	// yamux logs a line per odd frame (for a stream it reset, past its
-	// backlog), so its log is sampled like the refusals.
-	c := tunnel.MuxConfig(s.cfg.HeartbeatTimeout, s.floodLog)
-	// The server's heartbeat is watchHeartbeats: no goroutine and no ping
-	// per session while its client pings.
-	c.EnableKeepAlive = false
-	return c
+	return tunnel.MuxConfig(s.cfg.HeartbeatTimeout, s.floodLog)
 }
 
 // newSessionID returns 128 random bits as hex.

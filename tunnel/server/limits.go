@@ -81,7 +81,8 @@ const (
 	// yamux answers each ping from a goroutine of its own, which waits up
 	// to the connection write timeout when the client does not read: pings
 	// beyond pingBurst, refilled at pingRate per second, close the session.
-	// Clients ping once per keepalive interval, at most once a second.
+	// A tether client pings every two thirds of its heartbeat timeout, at
+	// most every 2s (tunnel.KeepAlive); frpc every 30s.
 	pingBurst = 32
 	pingRate  = 2
 )
