@@ -57,10 +57,11 @@
 // that; CONNECT is refused. The router is never an open proxy into the
 // cluster, and the client's check of the dial address makes sure of it.
 //
-// Bodies stream in both directions, without buffering: every write of a
-// stream is flushed at once (server-sent events, bodies of unknown length:
-// watch streams, long polls), websocket upgrades pass through, and an
-// upstream may answer while the request body still streams in. 1xx
+// Bodies stream in both directions, without buffering: a stream's head and
+// every write of its body are flushed at once (server-sent events, bodies
+// of unknown length: watch streams, long polls), and a stream holds no copy
+// buffer while its upstream is quiet. Websocket upgrades pass through, and
+// an upstream may answer while the request body still streams in. 1xx
 // responses (100 Continue, 103 Early Hints) and trailers pass through.
 // Hop-by-hop headers are dropped (Upgrade is kept for websocket only), and
 // so are Forwarded and Proxy-* from the caller. X-Forwarded-For, -Host and

@@ -262,6 +262,16 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// waitReady waits until the connection has bytes of the body, or fails: in
+// the connection's own reader, so that the body's copy holds no buffer while
+// the upstream is quiet. A failure is left for the Read that follows, which
+// meets it again on the connection.
+func (ex *exchange) waitReady() {
+	if !ex.done {
+		_, _ = ex.pc.br.Peek(1)
+	}
+}
+
 // Close closes the body; a body not read to its end closes the connection.
 // It does not drain the rest: it may never end (an event stream).
 func (ex *exchange) Close() error {

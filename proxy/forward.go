@@ -56,16 +56,15 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 
 	h := w.Header()
 	copyEndToEnd(h, res.Header)
-	announced := len(res.Trailer)
-	if announced > 0 {
-		keys := make([]string, 0, announced)
-		for k := range res.Trailer {
-			keys = append(keys, k)
-		}
-		h.Add("Trailer", strings.Join(keys, ", "))
-	}
+	announced := announceTrailers(h, res.Trailer)
 	w.WriteHeader(res.StatusCode)
-	if err := rt.copyBody(w, res); err != nil {
+	streamed := isStreamed(res)
+	if streamed {
+		// The caller gets the head as the upstream sent it: an event
+		// stream may send nothing more for minutes.
+		_ = http.NewResponseController(w).Flush()
+	}
+	if err := rt.copyBody(w, res.Body, streamed); err != nil {
 		res.Body.Close()
 		// The response is under way: all that is left is to abort it, so
 		// that the caller sees it cut short rather than complete.
@@ -75,19 +74,39 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 		return
 	}
 	res.Body.Close() // now, for res.Trailer
-	if len(res.Trailer) == 0 {
-		return
+	if len(res.Trailer) > 0 {
+		sendTrailers(w, res.Trailer, announced)
 	}
+}
+
+// announceTrailers announces the trailers the upstream announced, in h, and
+// returns how many.
+func announceTrailers(h, trailer http.Header) int {
+	if len(trailer) == 0 {
+		return 0
+	}
+	keys := make([]string, 0, len(trailer))
+	for k := range trailer {
+		keys = append(keys, k)
+	}
+	h.Add("Trailer", strings.Join(keys, ", "))
+	return len(keys)
+}
+
+// sendTrailers sends the trailers that came after the body: announced ones
+// as they were announced, others with http.TrailerPrefix.
+func sendTrailers(w http.ResponseWriter, trailer http.Header, announced int) {
 	// Force chunking: a short body would otherwise get a Content-Length and
 	// no room for trailers.
 	_ = http.NewResponseController(w).Flush()
-	if len(res.Trailer) == announced {
-		for k, vv := range res.Trailer {
+	h := w.Header()
+	if len(trailer) == announced {
+		for k, vv := range trailer {
 			h[k] = vv
 		}
 		return
 	}
-	for k, vv := range res.Trailer {
+	for k, vv := range trailer {
 		for _, v := range vv {
 			h.Add(http.TrailerPrefix+k, v)
 		}
@@ -273,30 +292,40 @@ func (b *callerBody) Close() error {
 
 func (b *callerBody) stop() { b.closed.Store(true) }
 
-// copyBody copies the response body to w. Streams (server-sent events, and
-// bodies of unknown length: watch streams, long polls, chunked downloads)
-// are flushed at every write; a body of known length goes out in full
-// buffers, without a system call per write.
+// isStreamed reports whether res is a stream: server-sent events, or a body
+// of unknown length (watch streams, long polls, chunked downloads). A
+// stream's head goes to the caller at once and its body at every write; a
+// body of known length goes out in full buffers, without a system call per
+// write.
+func isStreamed(res *http.Response) bool {
+	if res.Body == http.NoBody {
+		return false
+	}
+	return res.ContentLength == -1 || isEventStream(res.Header.Get("Content-Type"))
+}
+
+// copyBody copies a response body to w, flushing every write of a stream.
 //
 // It reads into a small buffer, and into a large one while the body has
-// more ready than the small one holds: a stream that trickles (an event
-// stream open for hours) holds only the small one.
-func (rt *route) copyBody(w http.ResponseWriter, res *http.Response) error {
-	flush := res.ContentLength == -1 || isEventStream(res.Header.Get("Content-Type"))
+// more ready than the small one holds. Once it has read what the upstream
+// sent so far, it waits for the next bytes holding no buffer: a stream that
+// trickles (an event stream open for hours) holds one only while it copies.
+func (rt *route) copyBody(w http.ResponseWriter, body io.Reader, stream bool) error {
 	var rc *http.ResponseController
-	if flush {
+	if stream {
 		rc = http.NewResponseController(w)
 	}
+	waiter, _ := body.(readyWaiter)
 	buf := copyBuffers.Get()
 	defer buf.Release()
 	for {
 		b := buf.Bytes()
-		n, rerr := res.Body.Read(b)
+		n, rerr := body.Read(b)
 		if n > 0 {
 			if _, err := w.Write(b[:n]); err != nil {
 				return err
 			}
-			if flush {
+			if stream {
 				if err := rc.Flush(); err != nil {
 					return err
 				}
@@ -314,8 +343,19 @@ func (rt *route) copyBody(w http.ResponseWriter, res *http.Response) error {
 			}
 			return rerr
 		}
-		buf.Adapt(n)
+		if caughtUp := buf.Adapt(n); caughtUp && waiter != nil {
+			buf.Release()
+			waiter.waitReady()
+		}
 	}
+}
+
+// readyWaiter is a response body that can wait for its next bytes without
+// a buffer of the reader's (the transport's exchange).
+type readyWaiter interface {
+	// waitReady returns once a Read would not wait, or the body's
+	// connection failed (the Read says how).
+	waitReady()
 }
 
 // isEventStream reports whether the media type of ct is text/event-stream.

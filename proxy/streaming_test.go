@@ -76,6 +76,64 @@ func TestServerSentEvents(t *testing.T) {
 	}
 }
 
+// TestStreamHeadBeforeBody: a stream's head reaches the caller as soon as
+// the upstream sent it, before any of its body. An event stream often sends
+// nothing until something happens, and a caller (a browser's EventSource,
+// a watch client with a timeout on its response) waits for the head.
+func TestStreamHeadBeforeBody(t *testing.T) {
+	for _, tc := range []struct{ name, contentType string }{
+		{"event stream", "text/event-stream"},
+		{"body of unknown length", "application/json"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			headSeen := make(chan struct{})
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", tc.contentType)
+				w.WriteHeader(http.StatusOK)
+				http.NewResponseController(w).Flush()
+				select {
+				case <-headSeen:
+				case <-r.Context().Done():
+					return
+				}
+				fmt.Fprint(w, "data: after the head\n\n")
+			}))
+			t.Cleanup(up.Close)
+			tr := newTestRouter(t, []Route{{Prefix: "/", Upstream: mustURL(t, up.URL), Timeout: time.Minute}}, nil, Options{})
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, tr.front.URL+"/watch", nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			type head struct {
+				res *http.Response
+				err error
+			}
+			heads := make(chan head, 1)
+			go func() {
+				res, err := tr.client.Do(req)
+				heads <- head{res, err}
+			}()
+			// The upstream sends its body only once the caller has the
+			// head: a router that holds the head back until the first body
+			// byte never delivers either.
+			h := recvWithin(t, heads, "response head")
+			if h.err != nil {
+				t.Fatalf("GET /watch: %v", h.err)
+			}
+			res := h.res
+			defer res.Body.Close()
+			close(headSeen)
+			if res.StatusCode != http.StatusOK || res.Header.Get("Content-Type") != tc.contentType {
+				t.Fatalf("head: status %d, Content-Type %q; want 200, %q", res.StatusCode, res.Header.Get("Content-Type"), tc.contentType)
+			}
+			body, err := io.ReadAll(res.Body)
+			if err != nil || string(body) != "data: after the head\n\n" {
+				t.Fatalf("body %q (%v), want the event sent after the head", body, err)
+			}
+		})
+	}
+}
+
 // readEvents sends each server-sent event read from r to events, then
 // closes it.
 func readEvents(r io.Reader, events chan<- string) {

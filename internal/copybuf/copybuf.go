@@ -4,7 +4,9 @@
 // could have held says the source has caught up (its next read may wait):
 // a copy that idles (a kept-alive connection) or trickles (an event stream
 // open for hours) holds only the small buffer, and a bulk one reads and
-// writes in large pieces.
+// writes in large pieces. A copy whose source can wait for bytes without a
+// buffer holds none while it waits: it releases its Buffer when the source
+// caught up, and the Buffer borrows again at the next read.
 package copybuf
 
 import "sync"
@@ -23,10 +25,9 @@ func New(small, large int) *Pools {
 	return p
 }
 
-// Get lends a Buffer, small to begin with; Release gives it back.
-func (p *Pools) Get() Buffer {
-	return Buffer{pools: p, small: p.small.Get().(*[]byte)}
-}
+// Get lends a Buffer, small to begin with. It borrows from the pools at its
+// first Bytes; Release gives back what it holds.
+func (p *Pools) Get() Buffer { return Buffer{pools: p} }
 
 // Buffer is one copy's buffer.
 type Buffer struct {
@@ -39,27 +40,35 @@ func (b *Buffer) Bytes() []byte {
 	if b.large != nil {
 		return *b.large
 	}
+	if b.small == nil {
+		b.small = b.pools.small.Get().(*[]byte)
+	}
 	return *b.small
 }
 
 // Adapt takes the size of the read into Bytes just done and picks the
-// buffer for the next one.
-func (b *Buffer) Adapt(n int) {
+// buffer for the next one. It reports whether the source has caught up: it
+// had less ready than the small buffer holds, so the next read may wait.
+func (b *Buffer) Adapt(n int) (caughtUp bool) {
 	switch {
-	case b.large == nil && n == len(*b.small):
+	case b.large == nil && n == b.pools.smallSize:
 		b.large = b.pools.large.Get().(*[]byte)
 	case b.large != nil && n <= b.pools.smallSize:
 		b.pools.large.Put(b.large)
 		b.large = nil
 	}
+	return n < b.pools.smallSize
 }
 
-// Release gives the buffers back to their pools.
+// Release gives the buffers back to their pools. The Buffer may be used
+// again: it borrows anew at its next Bytes.
 func (b *Buffer) Release() {
 	if b.large != nil {
 		b.pools.large.Put(b.large)
 		b.large = nil
 	}
-	b.pools.small.Put(b.small)
-	b.small = nil
+	if b.small != nil {
+		b.pools.small.Put(b.small)
+		b.small = nil
+	}
 }
