@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # compare.sh measures tether beside no tunnel, stock frp (HTTP vhost and TCP mode) and chisel in ONE
-# run of the shared peers benchmark, then writes the result into BENCHMARKS.md.
+# run of the shared peers benchmark, then writes the result into BENCHMARKS.md. Slow streams run
+# on their own right after it (OUTDIR/streams), each system freshly started: measured in the same
+# processes after the bulk download, whose heap had already grown, every system's memory per
+# stream comes out understated, and by different amounts.
 #
 #   bench/compare.sh [-q] [-r REPS] [-m METRICS] [-o OUTDIR]
 #
@@ -28,10 +31,10 @@ BENCH_DIR=${BENCH_DIR:-$(main_checkout)/../shared/bench}
 TETHER_BIN=$ROOT/bin/tether
 PEERS=direct,frp-http,frp-tcp,chisel,tether
 
-PASS=() OUT=""
+PASS=() OUT="" METRICS=rps,rate,bulk,streams,mem,setup
 while getopts "qr:m:o:h" o; do
   case $o in
-    q) PASS+=(-q) ;; r) PASS+=(-r "$OPTARG") ;; m) PASS+=(-m "$OPTARG") ;; o) OUT=$OPTARG ;;
+    q) PASS+=(-q) ;; r) PASS+=(-r "$OPTARG") ;; m) METRICS=$OPTARG ;; o) OUT=$OPTARG ;;
     h) sed -n "5,10s/^# \{0,1\}//p" "$0"; exit 0 ;;
     *) sed -n "5,10s/^# \{0,1\}//p" "$0" >&2; exit 2 ;;
   esac
@@ -50,11 +53,27 @@ for t in wrk curl jq python3; do command -v "$t" >/dev/null || missing="$missing
 OUT=${OUT:-$ROOT/results/compare-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
-RUN=("$BENCH_DIR/run.sh" -p "$PEERS" "${PASS[@]}" -o "$OUT")
-echo "bench/compare.sh: ${RUN[*]}" >&2
+# The metrics other than slow streams in one run; the streams in a run of their own when there are
+# others.
+OTHERS=$(tr , '\n' <<<"$METRICS" | grep -vx streams | paste -sd , -) || true
+STREAMS_APART="" MAIN_METRICS=$METRICS
+if [[ ",$METRICS," == *,streams,* && -n "$OTHERS" ]]; then
+  STREAMS_APART=yes MAIN_METRICS=$OTHERS
+fi
+RUN=("$BENCH_DIR/run.sh" -p "$PEERS" "${PASS[@]}" -m "$MAIN_METRICS" -o "$OUT")
+STREAMS_RUN=("$BENCH_DIR/run.sh" -p "$PEERS" "${PASS[@]}" -m streams -o "$OUT/streams")
 LOADAVG=$(cut -d' ' -f1-3 /proc/loadavg)
-(cd "$ROOT" && TETHER_BIN=$TETHER_BIN "${RUN[@]}") || die "the benchmark run failed; logs of every process are in $OUT/work"
-[ -s "$OUT/summary.json" ] || die "the run wrote no $OUT/summary.json; see $OUT/work"
+run() {
+  echo "bench/compare.sh: $*" >&2
+  (cd "$ROOT" && TETHER_BIN=$TETHER_BIN "$@") || die "the benchmark run failed; logs of every process are in ${*: -1}/work"
+  [ -s "${*: -1}/summary.json" ] || die "the run wrote no ${*: -1}/summary.json; see ${*: -1}/work"
+}
+run "${RUN[@]}"
+RUN_CMD="TETHER_BIN=bin/tether ${RUN[*]}"
+if [ -n "$STREAMS_APART" ]; then
+  run "${STREAMS_RUN[@]}"
+  RUN_CMD="$RUN_CMD, then ${STREAMS_RUN[*]}"
+fi
 
-python3 "$ROOT/bench/report.py" "$OUT" "$ROOT/BENCHMARKS.md" "$CMDLINE" "TETHER_BIN=bin/tether ${RUN[*]}" "$LOADAVG"
+python3 "$ROOT/bench/report.py" "$OUT" "$ROOT/BENCHMARKS.md" "$CMDLINE" "$RUN_CMD" "$LOADAVG"
 echo "bench/compare.sh: wrote BENCHMARKS.md from $OUT" >&2

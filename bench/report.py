@@ -6,6 +6,7 @@
 Reads RUN_DIR/summary.json (medians per peer, metric and field, written by the benchmark's
 lib/summarize.py), RUN_DIR/meta.txt (machine, versions, workload parameters) and RUN_DIR/summary.md,
 and replaces the part of BENCHMARKS_MD between the BEGIN and END markers (creating the file if needed).
+Slow streams come from RUN_DIR/streams, the run compare.sh makes of them alone, when it is there.
 """
 import json
 import os
@@ -20,7 +21,8 @@ tether measured beside no tunnel (`direct`, the physical limit), stock frp v0.71
 TCP mode, and chisel v1.10.1, in one run of the shared peers benchmark (`../shared/bench`; its README
 describes each workload and RESULTS.md the peers' anchors and caveats). Every system runs on the same
 machine on 127.0.0.1 with the same backend; the systems run interleaved, each started fresh per
-repetition. Cells are medians over the repetitions. Absolute figures move with the machine and its
+repetition. Slow streams run on their own right after the rest, so that each system holds them in a
+freshly started process rather than after its bulk download. Cells are medians over the repetitions. Absolute figures move with the machine and its
 load; compare ratios taken within one run.
 
 Regenerate with `make bench-compare` (builds bin/tether, then runs `bench/compare.sh`; a full run
@@ -160,8 +162,25 @@ def machine_table(meta, adapters, compare_cmd, run_cmd, loadavg):
     return "| | |\n|---|---|\n" + "\n".join(f"| {k} | {v} |" for k, v in rows)
 
 
+def summary_sections(run):
+    """The run's summary.md from its first table on, split at its "## " headers."""
+    full = open(os.path.join(run, "summary.md")).read()
+    full = full[full.index("Cells:"):] if "Cells:" in full else full
+    head, *parts = full.split("\n## ")
+    return head, parts
+
+
 def section(run, compare_cmd, run_cmd, loadavg):
     summary = json.load(open(os.path.join(run, "summary.json")))
+    head, parts = summary_sections(run)
+    apart = os.path.join(run, "streams")
+    if os.path.exists(os.path.join(apart, "summary.json")):
+        for peer, metrics in json.load(open(os.path.join(apart, "summary.json"))).items():
+            if "streams" in metrics:
+                summary.setdefault(peer, {})["streams"] = metrics["streams"]
+        # Its section replaces the first run's, if that measured streams too.
+        by_title = {part.split("\n", 1)[0]: part for part in parts + summary_sections(apart)[1]}
+        parts = [by_title[t] for t in sorted(by_title)]
     meta, adapters = read_meta(os.path.join(run, "meta.txt"))
     p = params(meta)
     quick = meta.get("reps", "").endswith("quick: 1")
@@ -178,16 +197,17 @@ def section(run, compare_cmd, run_cmd, loadavg):
     lines += [main_table(summary, p), "",
               "Goals compare tether with the other systems' medians of the same run; \"–\" = not "
               "measured (no tunnel for `direct`) or a zero reference. Idle CPU is counted in 10 ms "
-              "clock ticks.", "",
+              "clock ticks." + (" Slow streams ran on their own right after the rest, each system "
+                                "freshly started (`-m streams`)." if os.path.isdir(apart) else ""), "",
               "### Machine, versions, command", "", machine_table(meta, adapters, compare_cmd, run_cmd, loadavg), ""]
-    errors = [json.loads(l) for l in open(os.path.join(run, "raw.jsonl")) if '"metric":"error"' in l]
+    errors = [json.loads(l) for r in (run, apart) if os.path.exists(os.path.join(r, "raw.jsonl"))
+              for l in open(os.path.join(r, "raw.jsonl")) if '"metric":"error"' in l]
     if errors:
         lines += ["### Errors during the run", ""] + [f"- rep {e['rep']}, {e['peer']}: {e.get('what')}" for e in errors] + [""]
     # Every figure of the run (p50s, errors, success ratios, client-side memory), as summarize.py
     # printed it, without its title and meta block, which the tables above already carry.
-    full = open(os.path.join(run, "summary.md")).read()
-    full = full[full.index("Cells:"):] if "Cells:" in full else full
-    lines += ["### All figures of this run", "", full.replace("\n## ", "\n#### ").strip(), "", END]
+    full = "\n#### ".join([head.rstrip("\n") + "\n"] + [p.rstrip("\n") + "\n" for p in parts])
+    lines += ["### All figures of this run", "", full.strip(), "", END]
     return "\n".join(lines) + "\n"
 
 
