@@ -217,21 +217,8 @@ func (r *Router) Close() {
 // absolute-form request target and X-Forwarded-Host never change where the
 // router dials.
 func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
-	if req.Method == http.MethodConnect {
-		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
-		r.reject(w, req, http.StatusMethodNotAllowed, CodeMethodNotAllowed,
-			"tether: CONNECT is not supported; the router forwards requests to its routes only")
-		return
-	}
-	rp, err := splitPath(req.URL)
-	if err != nil {
-		r.reject(w, req, http.StatusBadRequest, CodeBadRequest, "tether: bad request: "+err.Error())
-		return
-	}
-	rt := r.match(rp.match)
+	rt := r.routeFor(w, req)
 	if rt == nil {
-		r.reject(w, req, http.StatusNotFound, CodeNoRoute,
-			fmt.Sprintf("tether: no route for path %q", rp.decoded))
 		return
 	}
 	if req.ContentLength != 0 {
@@ -259,6 +246,28 @@ func attempt(w http.ResponseWriter) *StatusWriter {
 	}
 	sw.canceled, sw.rerouted = false, false
 	return sw
+}
+
+// routeFor returns the route req goes to, or answers req itself and
+// returns nil: a CONNECT, a path it cannot read, or one no route matches.
+func (r *Router) routeFor(w http.ResponseWriter, req *http.Request) *route {
+	if req.Method == http.MethodConnect {
+		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
+		r.reject(w, req, http.StatusMethodNotAllowed, CodeMethodNotAllowed,
+			"tether: CONNECT is not supported; the router forwards requests to its routes only")
+		return nil
+	}
+	rp, err := splitPath(req.URL)
+	if err != nil {
+		r.reject(w, req, http.StatusBadRequest, CodeBadRequest, "tether: bad request: "+err.Error())
+		return nil
+	}
+	rt := r.match(rp.match)
+	if rt == nil {
+		r.reject(w, req, http.StatusNotFound, CodeNoRoute,
+			fmt.Sprintf("tether: no route for path %q", rp.decoded))
+	}
+	return rt
 }
 
 // match returns the route with the longest prefix matching the path.
