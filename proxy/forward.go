@@ -61,7 +61,10 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 	streamed := isStreamed(res)
 	if streamed {
 		// The caller gets the head as the upstream sent it: an event
-		// stream may send nothing more for minutes.
+		// stream may send nothing more for minutes. Flushed here, not in
+		// copyBody: writing the head takes Go's deepest frames, and one
+		// frame less under them keeps the handler's stack at 8 KiB for
+		// the stream's life (BENCHMARKS.md, slow streams).
 		_ = http.NewResponseController(w).Flush()
 	}
 	if err := rt.copyBody(w, res.Body, streamed); err != nil {

@@ -314,11 +314,12 @@ func TestRouterReroute(t *testing.T) {
 	if len(offered) != 2 {
 		t.Errorf("Reroute was offered %d errors, want 2", len(offered))
 	}
+	requests := gather(t, reg, "tether_proxy_requests_total")
 	var counted float64
-	for _, s := range gather(t, reg, "tether_proxy_requests_total") {
+	for _, s := range requests {
 		counted += s.value
 	}
-	if got := gather(t, reg, "tether_proxy_requests_total")["adapter=custom,class=5xx,route=/"].value; got != 1 || counted != 1 {
+	if got := requests["adapter=custom,class=5xx,route=/"].value; got != 1 || counted != 1 {
 		t.Errorf("requests counted: 5xx %v, all %v; want the answered attempt once", got, counted)
 	}
 }

@@ -429,10 +429,11 @@ func (s *Session) suspect(now time.Time) bool { return now.UnixNano() < s.suspec
 // a goroutine of its own, every third of the heartbeat timeout, whatever
 // the client sends. The server instead looks at all its sessions at once,
 // heartbeatSweeps times per heartbeat timeout, and pings only a session
-// from which nothing was read for two thirds of it (a client pings more
-// often than that: a tether client every two thirds of its own heartbeat
-// timeout, 10s by default (tunnel.KeepAlive), frpc every 30s), and closes it when the ping is not
-// answered within a quarter of it. An idle session of a client that pings
+// from which nothing was read for two thirds of it, and closes it when the
+// ping is not answered within a quarter of it. A tether client pings every
+// two thirds of its own heartbeat timeout, 10s by default (tunnel.KeepAlive),
+// and the sweep notes a read up to a sweep after it came, so it pings such
+// a session only when a client's ping comes late; frpc pings every 30s. An idle session of a client that pings
 // thus costs the server no goroutine, no timer and no ping of its own, and
 // a dead client is still noticed within the heartbeat timeout: two thirds
 // of it silent, at most a sweep more to see it, a quarter for the answer.
