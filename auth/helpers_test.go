@@ -9,6 +9,7 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/base64"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"os"
@@ -104,10 +105,13 @@ func newKeyPair(t testing.TB, alg auth.Algorithm, variant int) *keyPair {
 // newHMACPair makes an HS256 test key.
 func newHMACPair(t testing.TB) *keyPair {
 	t.Helper()
-	secret := make([]byte, 32)
-	if _, err := rand.Read(secret); err != nil {
+	// Hex, as a platform makes one (openssl rand -hex 32): raw random bytes
+	// may end in "\r" or "\n", which a secret file's reader trims.
+	random := make([]byte, 32)
+	if _, err := rand.Read(random); err != nil {
 		t.Fatal(err)
 	}
+	secret := []byte(hex.EncodeToString(random))
 	s, err := auth.NewHMACSigner(secret)
 	if err != nil {
 		t.Fatal(err)
