@@ -60,8 +60,10 @@
 // Bodies stream in both directions, without buffering: a stream's head and
 // every write of its body are flushed at once (server-sent events, bodies
 // of unknown length: watch streams, long polls), and a stream holds no copy
-// buffer while its upstream is quiet. Websocket upgrades pass through, and
-// an upstream may answer while the request body still streams in. 1xx
+// buffer while its upstream is quiet; on a connection that is a
+// ReadyWaiter, as the tunnel's streams are, it waits in the connection and
+// holds a 1 KiB reader rather than 4 KiB. Websocket upgrades pass through,
+// and an upstream may answer while the request body still streams in. 1xx
 // responses (100 Continue, 103 Early Hints) and trailers pass through.
 // Hop-by-hop headers are dropped (Upgrade is kept for websocket only), and
 // so are Forwarded and Proxy-* from the caller. X-Forwarded-For, -Host and

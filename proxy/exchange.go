@@ -262,12 +262,18 @@ func (ex *exchange) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// waitReady waits until the connection has bytes of the body, or fails: in
-// the connection's own reader, so that the body's copy holds no buffer while
-// the upstream is quiet. A failure is left for the Read that follows, which
-// meets it again on the connection.
-func (ex *exchange) waitReady() {
-	if !ex.done {
+// WaitReady waits until the connection has bytes of the body, or fails, so
+// that the body's copy holds no buffer while the upstream is quiet: in the
+// connection itself when it can wait without reading (the bytes then stay
+// where the next Read, bypassing the reader, takes as many as it has room
+// for), else in the connection's reader. A failure is left for the Read
+// that follows, which meets it again on the connection.
+func (ex *exchange) WaitReady() {
+	switch {
+	case ex.done, ex.pc.br.Buffered() > 0:
+	case ex.pc.waiter != nil:
+		ex.pc.waiter.WaitReady()
+	default:
 		_, _ = ex.pc.br.Peek(1)
 	}
 }

@@ -318,7 +318,7 @@ func (rt *route) copyBody(w http.ResponseWriter, body io.Reader, stream bool) er
 	if stream {
 		rc = http.NewResponseController(w)
 	}
-	waiter, _ := body.(readyWaiter)
+	waiter, _ := body.(ReadyWaiter)
 	buf := copyBuffers.Get()
 	defer buf.Release()
 	for {
@@ -348,17 +348,19 @@ func (rt *route) copyBody(w http.ResponseWriter, body io.Reader, stream bool) er
 		}
 		if caughtUp := buf.Adapt(n); caughtUp && waiter != nil {
 			buf.Release()
-			waiter.waitReady()
+			waiter.WaitReady()
 		}
 	}
 }
 
-// readyWaiter is a response body that can wait for its next bytes without
-// a buffer of the reader's (the transport's exchange).
-type readyWaiter interface {
-	// waitReady returns once a Read would not wait, or the body's
-	// connection failed (the Read says how).
-	waitReady()
+// A ReadyWaiter can wait for its next bytes without reading them into a
+// buffer: the transport's response bodies, and upstream connections that
+// offer it (a tunnel stream), so that a quiet stream holds no buffer of its
+// own while it waits.
+type ReadyWaiter interface {
+	// WaitReady returns once a Read would not wait, or the connection
+	// failed (the Read says how).
+	WaitReady()
 }
 
 // isEventStream reports whether the media type of ct is text/event-stream.

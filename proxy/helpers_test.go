@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -14,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hashicorp/yamux"
 	"go.uber.org/goleak"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -208,4 +210,107 @@ func decodeSeen(t testing.TB, res *http.Response, body string) seen {
 		t.Fatalf("decode upstream echo %q: %v", body, err)
 	}
 	return s
+}
+
+// dialers are the two kinds of upstream connection the router meets: TCP,
+// and tunnel streams (ReadyWaiters, whose responses are read through a
+// smaller reader and wait in the stream).
+var dialers = []struct {
+	name string
+	dial func(testing.TB) DialFunc // nil: a net.Dialer
+}{
+	{"tcp", func(testing.TB) DialFunc { return nil }},
+	{"tunnel stream", streamDial},
+}
+
+// waitingStream is a yamux stream as the tunnel server dials it: a
+// ReadyWaiter.
+type waitingStream struct{ *yamux.Stream }
+
+func (s waitingStream) WaitReady() { _, _ = s.Read(nil) }
+
+// streamDial returns a DialFunc that dials through a yamux session over
+// loopback TCP, as the tunnel server dials through a tether client: each
+// dial opens a stream, and the session's far end connects it to the
+// address and copies bytes both ways.
+func streamDial(t testing.TB) DialFunc {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	near, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	far, err := ln.Accept()
+	ln.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf := yamux.DefaultConfig()
+	conf.EnableKeepAlive = false
+	conf.LogOutput = io.Discard
+	client, err := yamux.Client(near, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	server, err := yamux.Server(far, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var relays sync.WaitGroup
+	t.Cleanup(func() {
+		client.Close()
+		server.Close()
+		relays.Wait()
+	})
+	relays.Go(func() {
+		for {
+			stream, err := server.AcceptStream()
+			if err != nil {
+				return
+			}
+			relays.Go(func() { relayStream(stream) })
+		}
+	})
+	return func(_ context.Context, _, addr string) (net.Conn, error) {
+		stream, err := client.OpenStream()
+		if err != nil {
+			return nil, err
+		}
+		if _, err := io.WriteString(stream, addr+"\n"); err != nil {
+			stream.Close()
+			return nil, err
+		}
+		return waitingStream{stream}, nil
+	}
+}
+
+// relayStream reads the address a stream names in its first line, connects
+// to it and copies bytes both ways until either side ends.
+func relayStream(stream *yamux.Stream) {
+	defer stream.Close()
+	var addr []byte
+	for b := make([]byte, 1); ; {
+		if _, err := io.ReadFull(stream, b); err != nil {
+			return
+		}
+		if b[0] == '\n' {
+			break
+		}
+		addr = append(addr, b[0])
+	}
+	up, err := net.Dial("tcp", string(addr))
+	if err != nil {
+		return
+	}
+	defer up.Close()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(up, stream); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(stream, up); done <- struct{}{} }()
+	<-done
+	up.Close()
+	stream.Close()
+	<-done
 }

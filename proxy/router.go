@@ -28,6 +28,8 @@ type Options struct {
 	// net.Dialer. The tunnel server injects one that dials through the
 	// tunnel's session, where the client connects to the upstream; tests
 	// inject their own. DialTimeout still applies, through the context.
+	// A connection it returns that is a ReadyWaiter (a tunnel stream) holds
+	// a smaller buffer while its response streams.
 	DialContext DialFunc
 
 	// Reroute, if set, is asked about every error of forwarding a request

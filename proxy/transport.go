@@ -43,8 +43,17 @@ const (
 	maxResponseHeaderBytes = 1 << 20
 	maxInformational       = 32
 	// bufSize is the size of the pooled buffers that read responses and
-	// write requests.
+	// write requests. A response is read through one for its head and its
+	// chunks' size lines; its body's reads of at least bufSize into an empty
+	// reader go straight to the connection.
 	bufSize = 4 << 10
+	// waiterBufSize is the size of the reader of a connection that is a
+	// ReadyWaiter. A quiet response waits in the connection rather than in
+	// the reader, which is then empty, so a copy's reads bypass it whatever
+	// its size: a smaller one costs a stream less. A reader that a wait
+	// fills is read from next, in pieces of its size at most, which would
+	// keep a bulk copy in small pieces: other connections keep bufSize.
+	waiterBufSize = 1 << 10
 )
 
 // DialFunc dials an upstream; it has the shape of net.Dialer.DialContext.
@@ -170,7 +179,7 @@ func (t *transport) getConn(ctx context.Context, repeatable bool) (*persistConn,
 			return t.dialConn(ctx)
 		}
 		if repeatable && time.Since(pc.idleAt) < probeIdleAfter || pc.open() {
-			pc.br = getReader(pc)
+			pc.br = pc.getReader()
 			return pc, nil
 		}
 		pc.close()
@@ -196,7 +205,8 @@ func (t *transport) dialConn(ctx context.Context) (*persistConn, error) {
 		conn = tc
 	}
 	pc := &persistConn{t: t, raw: raw, conn: conn}
-	pc.br = getReader(pc)
+	pc.waiter, _ = conn.(ReadyWaiter)
+	pc.br = pc.getReader()
 	return pc, nil
 }
 
@@ -303,6 +313,7 @@ type persistConn struct {
 	t      *transport
 	raw    net.Conn      // as dialed
 	conn   net.Conn      // raw, or TLS over it
+	waiter ReadyWaiter   // conn, if it can wait without reading; else nil
 	br     *bufio.Reader // reads conn through the persistConn; nil while idle
 	idleAt time.Time     // when it became idle
 	reused bool          // it has carried a request before
@@ -371,19 +382,29 @@ func (pc *persistConn) open() bool {
 }
 
 var (
-	readers = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, bufSize) }}
-	writers = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSize) }}
+	readers       = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, bufSize) }}
+	waiterReaders = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, waiterBufSize) }}
+	writers       = sync.Pool{New: func() any { return bufio.NewWriterSize(nil, bufSize) }}
 )
 
-func getReader(r io.Reader) *bufio.Reader {
-	br := readers.Get().(*bufio.Reader)
-	br.Reset(r)
+// getReader lends the reader for the connection's next response.
+func (pc *persistConn) getReader() *bufio.Reader {
+	pool := &readers
+	if pc.waiter != nil {
+		pool = &waiterReaders
+	}
+	br := pool.Get().(*bufio.Reader)
+	br.Reset(pc)
 	return br
 }
 
 func putReader(br *bufio.Reader) {
+	pool := &readers
+	if br.Size() == waiterBufSize {
+		pool = &waiterReaders
+	}
 	br.Reset(nil)
-	readers.Put(br)
+	pool.Put(br)
 }
 
 func getWriter(w io.Writer) *bufio.Writer {

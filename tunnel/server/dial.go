@@ -14,6 +14,7 @@ import (
 
 	"github.com/hashicorp/yamux"
 
+	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel"
 )
 
@@ -213,6 +214,12 @@ func (c *tunnelConn) Write(p []byte) (int, error) {
 	n, err := c.Conn.Write(p)
 	return n, c.explain(err)
 }
+
+var _ proxy.ReadyWaiter = (*tunnelConn)(nil)
+
+// WaitReady implements proxy.ReadyWaiter: a yamux stream's Read into
+// nothing returns once the stream has bytes to read, or has failed.
+func (c *tunnelConn) WaitReady() { _, _ = c.stream.Read(nil) }
 
 func (c *tunnelConn) explain(err error) error {
 	if err == nil {
