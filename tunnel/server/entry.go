@@ -52,10 +52,11 @@ const tunnelWait = 3 * time.Second
 // the tunnel's other sessions when one fails before the request reached
 // it), or, for a request from the public entry, through a replica that
 // holds a session of the tunnel. When none does, or none of those that do
-// can be connected to (the registry still lists a replica that died until
-// its entries expire), it waits up to tunnelWait for a session here or a
-// holder it can reach, then answers 503 tunnel_down (502
-// replica_unreachable when only unreachable holders remain). A request a
+// can take it (the registry still lists a replica that died until its
+// entries expire, or one whose client a drain just moved away), it waits up
+// to tunnelWait for a session here or another holder, then answers 503
+// tunnel_down (502 replica_unreachable when a holder could not be
+// connected to). A request a
 // replica forwarded (fromPeer) is served here or refused at once: the
 // replica that forwarded it tries the next holder. Beyond
 // MaxRequestsPerTunnel requests in flight for the tunnel here, whichever way
@@ -68,10 +69,11 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 	defer s.inflight.release(name)
 	body := guardBody(r)
 	var tried []*Session
-	var unreachable []string // replicas a forward could not connect to
+	var passed []string // holders a forward passed over: unreachable, or no longer serving
+	unreached := false  // one of them could not be connected to
 	waited := false
 	for {
-		holders := reachable(s.registry.Holders(name), unreachable)
+		holders := reachable(s.registry.Holders(name), passed)
 		// A session a drain retired still serves when nothing else can.
 		if sess := s.sessions.pick(name, fromPeer || len(holders) == 0, tried); sess != nil {
 			if s.serveBy(sess, w, r, body) {
@@ -81,16 +83,18 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 			continue
 		}
 		if !fromPeer && len(holders) > 0 {
-			if s.forward(w, r, holders, body) {
+			done, unreachedNow := s.forward(w, r, holders, body)
+			if done {
 				return
 			}
+			unreached = unreached || unreachedNow
 			for _, h := range holders {
-				unreachable = append(unreachable, h.Replica)
+				passed = append(passed, h.Replica)
 			}
 			continue
 		}
 		if fromPeer || waited {
-			if len(unreachable) > 0 && len(tried) == 0 {
+			if unreached && len(tried) == 0 {
 				writeReplicaUnreachable(w)
 				return
 			}
@@ -101,7 +105,7 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 		// another replica.
 		waited = true
 		ctx, cancel := context.WithTimeout(r.Context(), tunnelWait)
-		s.waitServed(ctx, name, unreachable)
+		s.waitServed(ctx, name, passed)
 		cancel()
 		if r.Context().Err() != nil {
 			return // the caller went away
@@ -109,21 +113,21 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 	}
 }
 
-// holderPoll is how often a request that found only unreachable holders
+// holderPoll is how often a request whose holders were all passed over
 // looks for another: the registry wakes waiters on a tunnel's first holder
-// only, and the unreachable ones still count as holders.
+// only, and the passed ones still count as holders.
 const holderPoll = 50 * time.Millisecond
 
 // waitServed waits until ctx ends or tunnel name is served here or by a
-// replica not in unreachable.
-func (s *serving) waitServed(ctx context.Context, name string, unreachable []string) {
-	if len(unreachable) == 0 {
+// replica not in passed.
+func (s *serving) waitServed(ctx context.Context, name string, passed []string) {
+	if len(passed) == 0 {
 		_ = s.registry.Wait(ctx, name)
 		return
 	}
 	t := time.NewTicker(holderPoll)
 	defer t.Stop()
-	for !s.sessions.serves(name) && len(reachable(s.registry.Holders(name), unreachable)) == 0 {
+	for !s.sessions.serves(name) && len(reachable(s.registry.Holders(name), passed)) == 0 {
 		select {
 		case <-ctx.Done():
 			return
@@ -132,24 +136,27 @@ func (s *serving) waitServed(ctx context.Context, name string, unreachable []str
 	}
 }
 
-// reachable returns holders without the replicas in unreachable.
-func reachable(holders []registry.Holder, unreachable []string) []registry.Holder {
-	if len(unreachable) == 0 {
+// reachable returns holders without the replicas in passed.
+func reachable(holders []registry.Holder, passed []string) []registry.Holder {
+	if len(passed) == 0 {
 		return holders
 	}
 	var list []registry.Holder
 	for _, h := range holders {
-		if !slices.Contains(unreachable, h.Replica) {
+		if !slices.Contains(passed, h.Replica) {
 			list = append(list, h)
 		}
 	}
 	return list
 }
 
-// answerUnserved answers a request no session could take: 502 when the
-// tunnel's sessions here failed under it, 503 when none serves the tunnel.
+// answerUnserved answers a request no session could take, none of which
+// received any of it: 502 when a session it tried is still connected (it
+// failed under the request), 503 when none serves the tunnel any more. A
+// request that came as a client died, to a session that died with it, is
+// answered as one that came just after: the tunnel is down.
 func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name string, tried []*Session, fromPeer bool) {
-	if len(tried) > 0 {
+	if slices.ContainsFunc(tried, (*Session).alive) {
 		s.metrics.unrouted.WithLabelValues("tunnel_disconnected").Inc()
 		tried[0].logger().Warn("request not delivered: every session of the tunnel failed under it",
 			zap.Int("sessions_tried", len(tried)), zap.String("method", r.Method), zap.String("path", r.URL.Path))

@@ -434,6 +434,48 @@ func TestForwardSkipsADeadHolder(t *testing.T) {
 	}
 }
 
+// A holder that answers it no longer serves the tunnel (a drain moved the
+// client away, or the registry lags behind) is passed over like a dead one,
+// and when it was the only one the request waits for the client to
+// reconnect, as it does for a tunnel no replica holds, instead of answering
+// 503 at once.
+func TestForwardWaitsWhenTheHolderNoLongerServes(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	b := startReplica(t, f, k, "b")
+	b.registry.Hold("alpha") // b is listed, with no session of alpha
+	if got := a.registry.Holders("alpha"); len(got) != 1 || got[0].Replica != "b" {
+		t.Fatalf("a sees holders %v, want b alone", got)
+	}
+	type result struct {
+		code int
+		body string
+	}
+	done := make(chan result, 1)
+	go func() {
+		code, body, _ := a.get(t, "alpha", "/")
+		done <- result{code, body}
+	}()
+	// The request reached b, which missed it; it now waits at a.
+	missed := a.metrics.forwarded.WithLabelValues("missed")
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		select {
+		case r := <-done:
+			t.Fatalf("answered %d %q before the tunnel's client connected; want the request to wait for it", r.code, r.body)
+		default:
+		}
+		if n := promtest.ToFloat64(missed); n < 1 {
+			return fmt.Errorf("tether_peer_forwarded_total{result=missed} = %v", n)
+		}
+		return nil
+	})
+	a.runClient(t, "alpha", a.tunnel, 1, backend(t, "alpha").URL)
+	r := <-done
+	if r.code != http.StatusOK || !strings.HasPrefix(r.body, "alpha /") {
+		t.Errorf("a request whose only holder no longer served the tunnel: %d %q, want alpha's answer once its client connected", r.code, r.body)
+	}
+}
+
 // A request for a tunnel no replica serves waits a moment for one: a client
 // that is reconnecting gets it; otherwise 503 tunnel_down, quickly.
 func TestRequestWaitsForAReconnectingClient(t *testing.T) {

@@ -82,7 +82,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		}, []string{"code_class"}),
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_peer_forwarded_total",
-			Help: "Requests forwarded to another replica that serves the tunnel, by result: ok (answered), unreachable (that replica could not be connected to; the next was tried), missed (it no longer served the tunnel; the next was tried).",
+			Help: "Requests forwarded to another replica that serves the tunnel, by result: ok (answered), unreachable (that replica could not be connected to; the next was tried), missed (it no longer served the tunnel; the next was tried, or the request waited for the tunnel's client).",
 		}, []string{"result"}),
 		peerServed: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_peer_requests_total",

@@ -69,13 +69,16 @@ func (s *serving) servePeer(w http.ResponseWriter, r *http.Request) {
 }
 
 // forward sends a request to one of the replicas that hold its tunnel, and
-// the answer back to the caller. It reports false, having written nothing,
-// when none of them could be connected to and nothing of the request was
-// sent: the caller may wait for the tunnel's client to reconnect elsewhere.
-func (s *serving) forward(w http.ResponseWriter, r *http.Request, holders []registry.Holder, body *guardedBody) bool {
+// the answer back to the caller. It reports done false, having written
+// nothing, when every holder was passed over with nothing of the request's
+// body sent: it could not be connected to, or it no longer serves the
+// tunnel (a drain moved the client away, the registry lags). The caller may
+// then wait for the tunnel's client to reconnect elsewhere. unreached
+// reports whether a holder could not be connected to.
+func (s *serving) forward(w http.ResponseWriter, r *http.Request, holders []registry.Holder, body *guardedBody) (done, unreached bool) {
 	att := &peerAttempt{holders: holders, body: body}
 	s.peers.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), holdersKey{}, att)))
-	return !att.unreachable.Load()
+	return !att.passed.Load(), att.unreached.Load()
 }
 
 type holdersKey struct{}
@@ -84,14 +87,16 @@ type holdersKey struct{}
 type peerAttempt struct {
 	holders []registry.Holder
 	body    *guardedBody
-	// unreachable is set when no holder could be connected to and nothing
-	// was sent: no answer was written.
-	unreachable atomic.Bool
+	// passed is set when every holder was passed over and nothing of the
+	// body was sent: no answer was written.
+	passed atomic.Bool
+	// unreached is set when a holder could not be connected to.
+	unreached atomic.Bool
 }
 
 // errNoHolderReached: a forwarded request reached none of the tunnel's
-// holders, and nothing of it was sent.
-var errNoHolderReached = errors.New("no replica that holds the tunnel could be connected to")
+// holders that still serve it, and nothing of its body was sent.
+var errNoHolderReached = errors.New("no replica that serves the tunnel could be reached")
 
 // newPeerProxy is the reverse proxy that forwards requests to other
 // replicas.
@@ -128,7 +133,7 @@ func (s *serving) newPeerProxy() *httputil.ReverseProxy {
 			}
 			s.floodLog.Warn("request to another replica failed", zap.String("host", r.Host), zap.Error(err))
 			if att, _ := r.Context().Value(holdersKey{}).(*peerAttempt); att != nil && errors.Is(err, errNoHolderReached) {
-				att.unreachable.Store(true) // route decides what to answer
+				att.passed.Store(true) // route decides what to answer
 				return
 			}
 			writeReplicaUnreachable(w)
@@ -167,12 +172,14 @@ func (t *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		switch {
 		case err != nil && dialFailed(err) && retry:
 			t.outcomes.WithLabelValues("unreachable").Inc()
+			att.unreached.Store(true)
 			lastErr = fmt.Errorf("replica %s at %s: %w", h.Replica, h.Addr, err)
 			continue
-		case err == nil && res.StatusCode == http.StatusServiceUnavailable && res.Header.Get(peerMissHeader) != "" && retry && i < len(holders)-1:
+		case err == nil && res.StatusCode == http.StatusServiceUnavailable && res.Header.Get(peerMissHeader) != "" && retry:
 			_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4<<10))
 			_ = res.Body.Close()
 			t.outcomes.WithLabelValues("missed").Inc()
+			lastErr = fmt.Errorf("replica %s no longer serves it", h.Replica)
 			continue
 		case err != nil:
 			return nil, err
