@@ -2,35 +2,18 @@ package server
 
 import (
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"testing"
 	"time"
-
-	"github.com/hashicorp/yamux"
-	"go.uber.org/zap"
-
-	"github.com/tether-dev/tether/tunnel"
 )
 
 // A quiet response waits in its tunnel stream rather than in a buffer:
 // WaitReady returns only once the stream has bytes, has ended or has
 // failed, and leaves the bytes for the Read that follows.
 func TestTunnelConnWaitsWithoutReading(t *testing.T) {
-	serverEnd, clientEnd := net.Pipe()
-	conf := tunnel.MuxConfig(15*time.Second, zap.NewNop())
-	mux, err := yamux.Client(serverEnd, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer mux.Close()
-	far, err := yamux.Server(clientEnd, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer far.Close()
-	stream, err := mux.OpenStream()
+	sess, far := pipeSession(t)
+	stream, err := sess.mux.OpenStream()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,7 +79,8 @@ func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
 func TestUnservedAnswerFollowsTheTriedSessions(t *testing.T) {
 	ts := startServer(t)
 	s := &serving{Server: ts.Server}
-	connected, ended := pipeSession(t), pipeSession(t)
+	connected, _ := pipeSession(t)
+	ended, _ := pipeSession(t)
 	ended.Close("connection lost: closed")
 	for _, tc := range []struct {
 		name   string
@@ -117,25 +101,4 @@ func TestUnservedAnswerFollowsTheTriedSessions(t *testing.T) {
 			}
 		})
 	}
-}
-
-// pipeSession is a session over a net.Pipe whose far end is a yamux client.
-func pipeSession(t *testing.T) *Session {
-	t.Helper()
-	serverEnd, clientEnd := net.Pipe()
-	conf := tunnel.MuxConfig(15*time.Second, zap.NewNop())
-	mux, err := yamux.Server(serverEnd, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	far, err := yamux.Client(clientEnd, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess := newSession(newSessionID(), &countingConn{Conn: serverEnd}, mux, "tls", zap.NewNop())
-	t.Cleanup(func() {
-		sess.Close("test ended")
-		_ = far.Close()
-	})
-	return sess
 }

@@ -73,7 +73,7 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 	unreached := false  // one of them could not be connected to
 	waited := false
 	for {
-		holders := reachable(s.registry.Holders(name), passed)
+		holders := without(s.registry.Holders(name), passed)
 		// A session a drain retired still serves when nothing else can.
 		if sess := s.sessions.pick(name, fromPeer || len(holders) == 0, tried); sess != nil {
 			if s.serveBy(sess, w, r, body) {
@@ -127,7 +127,7 @@ func (s *serving) waitServed(ctx context.Context, name string, passed []string) 
 	}
 	t := time.NewTicker(holderPoll)
 	defer t.Stop()
-	for !s.sessions.serves(name) && len(reachable(s.registry.Holders(name), passed)) == 0 {
+	for !s.sessions.serves(name) && len(without(s.registry.Holders(name), passed)) == 0 {
 		select {
 		case <-ctx.Done():
 			return
@@ -136,8 +136,8 @@ func (s *serving) waitServed(ctx context.Context, name string, passed []string) 
 	}
 }
 
-// reachable returns holders without the replicas in passed.
-func reachable(holders []registry.Holder, passed []string) []registry.Holder {
+// without returns holders but the replicas in passed.
+func without(holders []registry.Holder, passed []string) []registry.Holder {
 	if len(passed) == 0 {
 		return holders
 	}

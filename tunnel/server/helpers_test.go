@@ -339,3 +339,25 @@ func writeFile(t testing.TB, path, content string) {
 		t.Fatal(err)
 	}
 }
+
+// pipeSession is a session over a net.Pipe, as the gate makes it, and the
+// client's end of its yamux session. Both close when the test ends.
+func pipeSession(t *testing.T) (*Session, *yamux.Session) {
+	t.Helper()
+	serverEnd, clientEnd := net.Pipe()
+	conf := tunnel.MuxConfig(15*time.Second, zap.NewNop())
+	mux, err := yamux.Server(serverEnd, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	far, err := yamux.Client(clientEnd, conf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess := newSession(newSessionID(), &countingConn{Conn: serverEnd}, mux, "tls", zap.NewNop())
+	t.Cleanup(func() {
+		sess.Close("test ended")
+		_ = far.Close()
+	})
+	return sess, far
+}

@@ -2,17 +2,12 @@ package server
 
 import (
 	"errors"
-	"net"
 	"net/http"
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
-	"go.uber.org/zap"
-
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/internal/testutil"
-	"github.com/tether-dev/tether/tunnel"
 )
 
 // A login whose connection died on the way, before the gate noticed, does
@@ -29,19 +24,14 @@ func TestLoginOnADeadConnectionKeepsTheWorkingSession(t *testing.T) {
 
 	// A session as the gate holds it between the login's arrival and the
 	// auth plugin's call, whose client has just gone away.
-	serverEnd, clientEnd := net.Pipe()
-	mux, err := yamux.Server(serverEnd, tunnel.MuxConfig(15*time.Second, zap.NewNop()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	dead := newSession(newSessionID(), &countingConn{Conn: serverEnd}, mux, "tls", zap.NewNop())
+	dead, far := pipeSession(t)
 	s.sessions.add(dead)
 	t.Cleanup(func() { s.sessions.leave(dead) })
 	routes := `["/=http://127.0.0.1:1"]`
 	dead.startLogin("tether test", &routes)
-	_ = clientEnd.Close()
+	_ = far.Close()
 	testutil.WaitFor(t, 5*time.Second, func() error {
-		if !mux.IsClosed() {
+		if !dead.mux.IsClosed() {
 			return errors.New("the session has not seen its connection end")
 		}
 		return nil
@@ -51,7 +41,7 @@ func TestLoginOnADeadConnectionKeepsTheWorkingSession(t *testing.T) {
 	if rej != nil {
 		t.Fatal(rej)
 	}
-	err = (&serving{Server: s.Server}).Login(dead.id, claims, working.RunID())
+	err := (&serving{Server: s.Server}).Login(dead.id, claims, working.RunID())
 	if rej, ok := errors.AsType[*auth.RejectError](err); !ok || rej.Reason != auth.ReasonSession {
 		t.Fatalf("login on a dead connection: got %v, want a session rejection", err)
 	}
