@@ -32,7 +32,7 @@ const (
 	// frame that announces what is left of Budget, then nothing: yamux
 	// allocates a frame's announced length up front.
 	AttackFrame Attack = "frame"
-	// AttackHelloFrame is AttackFrame after a ClientHello of 15 KB (long
+	// AttackHelloFrame is AttackFrame after a ClientHello of 16.5 KB (long
 	// ALPN protocol names), which TLS keeps buffers for.
 	AttackHelloFrame Attack = "hello+frame"
 	// AttackOpening completes TLS and opens one stream sending all but the
@@ -108,6 +108,17 @@ func (f Flood) run(ctx context.Context, src string, c *floodConn, watchers *sync
 	watchers.Go(c.watch)
 }
 
+// longProtocolNames are 65 ALPN protocol names of 250 bytes, which make a
+// ClientHello of 16.5 KB: more than one TLS record, which the server
+// buffers whole.
+var longProtocolNames = func() []string {
+	names := make([]string, 65)
+	for i := range names {
+		names[i] = fmt.Sprintf("%0250d", i)
+	}
+	return names
+}()
+
 func (f Flood) attack(ctx context.Context, c *floodConn) error {
 	switch f.Attack {
 	case AttackIdle:
@@ -115,11 +126,13 @@ func (f Flood) attack(ctx context.Context, c *floodConn) error {
 	case AttackHello:
 		return sendHugeClientHello(c, f.Budget)
 	}
-	cfg := &tls.Config{InsecureSkipVerify: true} //nolint:gosec // an attacker does not verify
+	// An attacker neither verifies nor offers the costlier post-quantum
+	// key exchange: X25519 alone makes its handshakes the cheapest it can,
+	// so that hundreds of them are open at once within the 5 s the server
+	// gives a connection for its first message, even on a busy machine.
+	cfg := &tls.Config{InsecureSkipVerify: true, CurvePreferences: []tls.CurveID{tls.X25519}} //nolint:gosec // an attacker does not verify
 	if f.Attack == AttackHelloFrame {
-		for i := range 60 {
-			cfg.NextProtos = append(cfg.NextProtos, fmt.Sprintf("%0250d", i))
-		}
+		cfg.NextProtos = longProtocolNames
 	}
 	tc := tls.Client(&sentCounter{Conn: c.raw, c: c}, cfg)
 	hctx, cancel := context.WithTimeout(ctx, 10*time.Second)

@@ -91,7 +91,7 @@ const (
 // connection can make the server hold, whatever it sends: the login budget
 // held in TLS, yamux and opening buffers or announced in a yamux frame,
 // plus the connection's goroutines and state. TestAnonymousFloodMemory
-// measures each attack and asserts this bound; the costliest, a 15 KB
+// measures each attack and asserts this bound; the costliest, a 16.5 KB
 // ClientHello (which TLS keeps buffers for) and then a yamux frame
 // announcing the rest of the budget, holds about 100 KiB (130 KiB with the
 // race detector).
