@@ -426,7 +426,7 @@ func checkRedisConf(t *testing.T, conf, password []byte) {
 	if err := os.WriteFile(pwFile, password, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	addr := testutil.ClosedAddr(t)
+	addr := testutil.FreeAddr(t)
 	_, p, _ := net.SplitHostPort(addr)
 	cmd := exec.Command(bin, confFile, "--port", p, "--bind", "127.0.0.1", "--daemonize", "no")
 	cmd.Dir = dir // the pod's working directory is an emptyDir

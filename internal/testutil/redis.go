@@ -59,7 +59,7 @@ func NewRedisServer(t testing.TB, extra ...string) *RedisServer {
 	if err != nil {
 		t.Fatal("redis-server is not on PATH; this test runs a real Redis: install it (Debian/Ubuntu: apt-get install redis-server)")
 	}
-	s := &RedisServer{t: t, bin: bin, dir: t.TempDir(), Addr: ClosedAddr(t), args: extra, out: &syncBuffer{}}
+	s := &RedisServer{t: t, bin: bin, dir: t.TempDir(), Addr: FreeAddr(t), args: extra, out: &syncBuffer{}}
 	for i, a := range extra {
 		if a == "--requirepass" && i+1 < len(extra) {
 			s.Password = extra[i+1]
