@@ -16,6 +16,8 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // quietTLSServer is an https upstream that does not print handshake
@@ -48,7 +50,7 @@ func TestUpstreamErrors(t *testing.T) {
 	t.Cleanup(hangup.Close)
 	plain := echoUpstream(t, "plain")
 	tlsUp := quietTLSServer(t, echoHandler("tls"))
-	refused := "http://" + refusedAddr(t)
+	refused := "http://" + testutil.ClosedAddr(t)
 
 	dnsFail := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		return nil, &net.OpError{Op: "dial", Net: network, Err: &net.DNSError{

@@ -161,18 +161,6 @@ func (l *countingListener) Accept() (net.Conn, error) {
 	return c, err
 }
 
-// refusedAddr returns a loopback address nothing listens on.
-func refusedAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("listen: %v", err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
-}
-
 // rawRoundTrip writes raw, a request exactly as given (lines joined with
 // CRLF), to addr and reads one response.
 func rawRoundTrip(t testing.TB, addr string, lines ...string) (*http.Response, string) {

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // sample is one gathered series: a counter's value or a histogram's count.
@@ -45,7 +47,7 @@ func TestMetrics(t *testing.T) {
 	up := echoUpstream(t, "up")
 	routes := []Route{
 		{Prefix: "/a", Upstream: mustURL(t, up.URL), Adapter: "argo-cd"},
-		{Prefix: "/b", Upstream: mustURL(t, "http://"+refusedAddr(t))},
+		{Prefix: "/b", Upstream: mustURL(t, "http://"+testutil.ClosedAddr(t))},
 	}
 	tr := newTestRouter(t, routes, nil, Options{Metrics: reg})
 	for _, p := range []string{"/a/1", "/a/2", "/b/1", "/c", "/a/../x"} {

@@ -858,33 +858,9 @@ func (s *server) waitServedBy(t testing.TB, tunnel, want string, timeout time.Du
 // freePort returns a loopback port that nothing listens on now.
 func freePort(t testing.TB) int {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
-	return port
-}
-
-// refusingPort returns a loopback port that refuses connections until the
-// test ends: a socket is bound there and never listens, so no other process
-// can listen there meanwhile, as it could on a port freed by freePort.
-func refusingPort(t testing.TB) int {
-	t.Helper()
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM|syscall.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = syscall.Close(fd) })
-	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := syscall.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return sa.(*syscall.SockaddrInet4).Port
+	_, port, _ := net.SplitHostPort(testutil.FreeAddr(t))
+	n, _ := strconv.Atoi(port)
+	return n
 }
 
 // ---------------------------------------------------------------------------

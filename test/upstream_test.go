@@ -2,13 +2,14 @@ package test
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // rawRequest sends raw HTTP/1.1 bytes to addr and reads one response.
@@ -49,12 +50,12 @@ func TestUpstreamErrors(t *testing.T) {
 			}
 		},
 	})
-	closed := refusingPort(t)
+	closed := testutil.ClosedAddr(t)
 	startClient(t, srv, clientOpts{
 		tokenFile: writeToken(t, k.issue(t, "alpha", time.Hour)),
 		routes: []string{
 			"/=" + main.url(),
-			fmt.Sprintf("/closed=http://127.0.0.1:%d", closed),
+			"/closed=http://" + closed,
 			"/slow=" + slow.url() + ";timeout=500ms",
 		},
 	})
