@@ -84,9 +84,10 @@
 // of keep-alive HTTP/1.1 connections (through the tunnel, streams of the
 // session): up to 256 idle ones per upstream, each closed after 30s unused,
 // so that an idle tunnel holds no streams. A connection returns to the pool
-// only when its response was read to the end. The router speaks HTTP/1.1 on
-// them itself, with no goroutine per connection: a request costs its own
-// goroutine, and one more while a request body streams.
+// only when its response was read to the end; one that is a Shrinker (a
+// tunnel stream) then gives back its receive buffer. The router speaks
+// HTTP/1.1 on them itself, with no goroutine per connection: a request
+// costs its own goroutine, and one more while a request body streams.
 //
 // A request that is safe to repeat (GET, HEAD, OPTIONS, TRACE, or with an
 // Idempotency-Key; no body) and fails on a kept-alive connection before any

@@ -687,3 +687,40 @@ func TestTransportHeadLimit(t *testing.T) {
 		t.Errorf("error %v, want %v", err, errHeadTooLarge)
 	}
 }
+
+// shrinkingConn counts the transport's calls to Shrink.
+type shrinkingConn struct {
+	net.Conn
+	shrunk *atomic.Int32
+}
+
+func (c shrinkingConn) Shrink() { c.shrunk.Add(1) }
+
+// A connection that can give back its buffers (a tunnel stream) is shrunk
+// each time it becomes idle, and not while it carries a request.
+func TestTransportShrinksIdleConnections(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var shrunk atomic.Int32
+		up := newPipeUpstream(t, serveAll(func(*http.Request, string) string { return okResponse }))
+		tr := up.transport(t)
+		dial := tr.dial
+		tr.dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := dial(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			return shrinkingConn{Conn: c, shrunk: &shrunk}, nil
+		}
+		for i := range 3 {
+			if _, _, err := fetch(t, tr, newRequest(t, http.MethodGet, "/", nil)); err != nil {
+				t.Fatal(err)
+			}
+			if n, want := shrunk.Load(), int32(i+1); n != want || tr.idleCount() != 1 {
+				t.Fatalf("after request %d: shrunk %d times, %d idle; want %d and 1", i+1, n, tr.idleCount(), want)
+			}
+		}
+		if d := up.dials.Load(); d != 1 {
+			t.Errorf("%d connections for 3 requests, want 1: a shrunk connection is still reused", d)
+		}
+	})
+}

@@ -224,6 +224,16 @@ func (t *transport) popIdle() *persistConn {
 	return pc
 }
 
+// A Shrinker is a connection that keeps buffers sized by the most it had
+// to hold and can give them back: a tunnel stream, whose receive buffer
+// yamux grows to the most data that waited unread (up to the stream's
+// window, megabytes) and keeps. The transport shrinks one as it becomes
+// idle, so that an idle stream holds no more after a large response than
+// after a small one.
+type Shrinker interface {
+	Shrink()
+}
+
 // putIdle keeps pc, whose last response was read to its end, for the next
 // request.
 func (t *transport) putIdle(pc *persistConn) {
@@ -234,6 +244,9 @@ func (t *transport) putIdle(pc *persistConn) {
 	}
 	putReader(pc.br)
 	pc.br = nil
+	if s, ok := pc.raw.(Shrinker); ok {
+		s.Shrink()
+	}
 	pc.idleAt = time.Now()
 	pc.reused = true
 	var evicted *persistConn

@@ -215,7 +215,15 @@ func (c *tunnelConn) Write(p []byte) (int, error) {
 	return n, c.explain(err)
 }
 
-var _ proxy.ReadyWaiter = (*tunnelConn)(nil)
+var (
+	_ proxy.ReadyWaiter = (*tunnelConn)(nil)
+	_ proxy.Shrinker    = (*tunnelConn)(nil)
+)
+
+// Shrink implements proxy.Shrinker: the router calls it as the stream
+// becomes idle, and yamux lets go of the stream's receive buffer if it
+// holds nothing unread.
+func (c *tunnelConn) Shrink() { c.stream.Shrink() }
 
 // WaitReady implements proxy.ReadyWaiter: a yamux stream's Read into
 // nothing returns once the stream has bytes to read, or has failed.
