@@ -194,7 +194,15 @@ type tunnelConn struct {
 	stream *yamux.Stream
 	sess   *Session
 	once   sync.Once
+	// unshrunk counts the bytes read since yamux last let go of the
+	// stream's receive buffer, which it sizes to what waited unread.
+	unshrunk atomic.Int64
 }
+
+// shrinkAbove: a stream that has received no more than this since its
+// receive buffer was last given back keeps it, for the next response to
+// reuse; a larger buffer is given back as the stream goes idle.
+const shrinkAbove = 64 << 10
 
 func (c *tunnelConn) Close() error {
 	err := c.Conn.Close()
@@ -207,6 +215,7 @@ func (c *tunnelConn) Close() error {
 
 func (c *tunnelConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	c.unshrunk.Add(int64(n))
 	return n, c.explain(err)
 }
 
@@ -221,9 +230,16 @@ var (
 )
 
 // Shrink implements proxy.Shrinker: the router calls it as the stream
-// becomes idle, and yamux lets go of the stream's receive buffer if it
-// holds nothing unread.
-func (c *tunnelConn) Shrink() { c.stream.Shrink() }
+// becomes idle. A stream that received more than shrinkAbove since the last
+// time has yamux let go of its receive buffer (if it holds nothing unread);
+// a smaller one is kept, so that small responses do not allocate a new one
+// each.
+func (c *tunnelConn) Shrink() {
+	if c.unshrunk.Load() > shrinkAbove {
+		c.stream.Shrink()
+		c.unshrunk.Store(0)
+	}
+}
 
 // WaitReady implements proxy.ReadyWaiter: a yamux stream's Read into
 // nothing returns once the stream has bytes to read, or has failed.
