@@ -227,9 +227,9 @@ func (t *transport) popIdle() *persistConn {
 // A Shrinker is a connection that keeps buffers sized by the most it had
 // to hold and can give them back: a tunnel stream, whose receive buffer
 // yamux grows to the most data that waited unread (up to the stream's
-// window, megabytes) and keeps. The transport shrinks one as it becomes
-// idle, so that an idle stream holds no more after a large response than
-// after a small one.
+// window, megabytes) and keeps. The transport shrinks one each time it
+// becomes idle, so that an idle stream does not keep what a large response
+// made it hold.
 type Shrinker interface {
 	Shrink()
 }

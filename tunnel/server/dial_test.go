@@ -4,6 +4,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"testing"
 	"time"
 )
@@ -101,4 +102,40 @@ func TestUnservedAnswerFollowsTheTriedSessions(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A stream that received a large response gives back its receive buffer
+// when the router shrinks it as it goes idle. yamux grows the buffer to the
+// most that waited unread and would keep it for the stream's life.
+func TestTunnelConnShrinksALargeReceiveBuffer(t *testing.T) {
+	sess, far := pipeSession(t)
+	stream, err := sess.mux.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	farStream, err := far.AcceptStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := &tunnelConn{Conn: stream, stream: stream, sess: sess}
+	// Within yamux's initial window, the client sends it all before the
+	// server reads any: the receive buffer grows to hold it.
+	const size = 192 << 10
+	if _, err := farStream.Write(make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	// The server answers a ping after taking in the frames before it.
+	if _, err := far.Ping(); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, size)
+	if _, err := io.ReadFull(conn, buf); err != nil {
+		t.Fatal(err)
+	}
+	held := serverMemory()
+	conn.Shrink()
+	if freed := int64(held) - int64(serverMemory()); freed < size/2 { //nolint:gosec // memory sizes fit
+		t.Errorf("Shrink after a %d KiB response freed %d KiB, want the stream's receive buffer (at least %d KiB)", size>>10, freed>>10, size>>11)
+	}
+	runtime.KeepAlive(buf)
 }
