@@ -7,22 +7,16 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/yamux"
 )
 
 // A quiet response waits in its tunnel stream rather than in a buffer:
 // WaitReady returns only once the stream has bytes, has ended or has
 // failed, and leaves the bytes for the Read that follows.
 func TestTunnelConnWaitsWithoutReading(t *testing.T) {
-	sess, far := pipeSession(t)
-	stream, err := sess.mux.OpenStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	farStream, err := far.AcceptStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := &tunnelConn{Conn: stream, stream: stream}
+	conn, farStream := pipeTunnelConn(t)
+	stream := conn.stream
 
 	// Nothing to read: it waits, here until the stream's read deadline.
 	const wait = 100 * time.Millisecond
@@ -60,6 +54,22 @@ func TestTunnelConnWaitsWithoutReading(t *testing.T) {
 	if n, err := stream.Read(buf); n != 0 || err != io.EOF {
 		t.Fatalf("Read after the far end closed = %d, %v; want io.EOF", n, err)
 	}
+}
+
+// pipeTunnelConn is a stream the server opened on a session over a
+// net.Pipe, as the router's dial returns it, and the client's end of it.
+func pipeTunnelConn(t *testing.T) (*tunnelConn, *yamux.Stream) {
+	t.Helper()
+	sess, far := pipeSession(t)
+	stream, err := sess.mux.OpenStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	farStream, err := far.AcceptStream()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tunnelConn{Conn: stream, stream: stream, sess: sess}, farStream
 }
 
 // waitClosed fails the test unless ch closes within 10s.
@@ -108,16 +118,7 @@ func TestUnservedAnswerFollowsTheTriedSessions(t *testing.T) {
 // when the router shrinks it as it goes idle. yamux grows the buffer to the
 // most that waited unread and would keep it for the stream's life.
 func TestTunnelConnShrinksALargeReceiveBuffer(t *testing.T) {
-	sess, far := pipeSession(t)
-	stream, err := sess.mux.OpenStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	farStream, err := far.AcceptStream()
-	if err != nil {
-		t.Fatal(err)
-	}
-	conn := &tunnelConn{Conn: stream, stream: stream, sess: sess}
+	conn, farStream := pipeTunnelConn(t)
 	// Within yamux's initial window, the client sends it all before the
 	// server reads any: the receive buffer grows to hold it.
 	const size = 192 << 10
@@ -125,7 +126,7 @@ func TestTunnelConnShrinksALargeReceiveBuffer(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The server answers a ping after taking in the frames before it.
-	if _, err := far.Ping(); err != nil {
+	if _, err := farStream.Session().Ping(); err != nil {
 		t.Fatal(err)
 	}
 	buf := make([]byte, size)
