@@ -81,7 +81,7 @@ scale: build ## idle sessions at scale: SCALE_SESSIONS (20000: 10,000 tunnels x 
 	ulimit -n $$(ulimit -Hn) && TETHER_BIN=$(CURDIR)/bin/tether $(GO) test -run '^$$' -bench '^BenchmarkIdleSessions$$' \
 		-benchtime $(SCALE_SESSIONS)x -timeout 60m ./tunnel/server/ -args -scale.idle $(SCALE_IDLE)
 
-bench-compare: build ## BENCHMARKS.md: tether beside no tunnel, frp, chisel (~20 min; BENCH_FLAGS=-q: quick)
+bench-compare: build ## BENCHMARKS.md: tether beside no tunnel, frp, chisel (~30 min; BENCH_FLAGS=-q: quick)
 	bench/compare.sh $(BENCH_FLAGS)
 
 clean: ## remove build output
