@@ -48,7 +48,9 @@ ROWS = [
      [("<=", 0.5, "frp-tcp")]),
     ("{streams} slow streams: server KiB per stream", "streams", "server_kb_per_stream", 1, True,
      [("<=", 0.5, "frp-http")]),
-    ("{clients} idle clients: server KiB per client", "mem", "kb_per_client", 1, True, [("<=", 40, None)]),
+    # The goal is 40 KiB a session; a tether client keeps two (--connections 2), the others one.
+    ("{clients} idle clients: server KiB per client (tether's: two sessions each)", "mem", "kb_per_client", 1, True,
+     [("<=", 80, None)]),
     ("idle server CPU over {idle_s} s with {idle_clients} clients: ms", "idle", "server_cpu_ms", 1, True,
      [("<=", 1.0, "frp-tcp")]),
     ("one client's RSS: MiB", "mem", "client_rss_median_kb", 1 / 1024, True, [("<=", 12, None)]),
