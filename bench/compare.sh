@@ -23,13 +23,8 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 CMDLINE="bench/compare.sh${*:+ $*}"
 die() { echo "bench/compare.sh: $*" >&2; exit 1; }
 
-# The main checkout, not this worktree: the shared benchmark sits beside the repository.
-main_checkout() {
-  local common
-  common=$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null) || { echo "$ROOT"; return; }
-  dirname "$common"
-}
-BENCH_DIR=${BENCH_DIR:-$(main_checkout)/../shared/bench}
+# shellcheck source=bench/locate.sh
+source "$ROOT/bench/locate.sh"
 TETHER_BIN=$ROOT/bin/tether
 PEERS=direct,frp-http,frp-tcp,chisel,tether
 

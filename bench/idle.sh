@@ -38,12 +38,8 @@ for v in CLIENTS SECONDS_IDLE REPS; do
   [[ ${!v} =~ ^[1-9][0-9]*$ ]] || die "-${v:0:1} wants a positive whole number, not '${!v}'"
 done
 
-main_checkout() {
-  local common
-  common=$(git -C "$ROOT" rev-parse --path-format=absolute --git-common-dir 2>/dev/null) || { echo "$ROOT"; return; }
-  dirname "$common"
-}
-BENCH_DIR=${BENCH_DIR:-$(main_checkout)/../shared/bench}
+# shellcheck source=bench/locate.sh
+source "$ROOT/bench/locate.sh"
 [ -f "$BENCH_DIR/lib/common.sh" ] || die "no peers benchmark at $BENCH_DIR (set BENCH_DIR to the directory holding run.sh)"
 BENCH_ROOT=$(cd "$BENCH_DIR" && pwd)
 export TETHER_BIN=${TETHER_BIN:-$ROOT/bin/tether}
