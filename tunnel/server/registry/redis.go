@@ -2,16 +2,12 @@ package registry
 
 import (
 	"context"
-	"crypto/tls"
-	"errors"
 	"fmt"
-	"net"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
-	"github.com/redis/go-redis/v9/maintnotifications"
 	"go.uber.org/zap"
 )
 
@@ -20,6 +16,7 @@ import (
 type Redis struct {
 	cfg    Config
 	target string // the URL without password
+	conn   *RedisConn
 	client *redis.Client
 	schema schema
 	log    *zap.Logger
@@ -57,47 +54,17 @@ const batch = 200
 // used when not empty (the URL then must not hold one). It validates cfg but
 // does not connect: Run does.
 func NewRedis(cfg Config, password string, log *zap.Logger) (*Redis, error) {
-	cfg = cfg.withDefaults()
-	tgt, err := cfg.validate()
+	conn, err := NewRedisConn(cfg, password)
 	if err != nil {
 		return nil, err
 	}
-	if password != "" {
-		if tgt.password != "" {
-			return nil, errPasswordTwice
-		}
-		tgt.password = password
-	}
-	opTimeout := min(max(cfg.Refresh, time.Second), 3*time.Second)
-	opts := &redis.Options{
-		Addr:     tgt.addr,
-		Username: tgt.username,
-		Password: tgt.password,
-		DB:       tgt.db,
-		// Operators find each replica's connections by name in CLIENT LIST;
-		// CLIENT SETINFO would be one more command to allow under ACLs.
-		ClientName:      "tether-" + cfg.Replica,
-		DisableIdentity: true,
-		// The loops retry with their own backoff, and report each failure.
-		DialerRetries:         1,
-		DialTimeout:           opTimeout,
-		ReadTimeout:           opTimeout,
-		WriteTimeout:          opTimeout,
-		ContextTimeoutEnabled: true,
-		PoolSize:              4,
-		// Maintenance notifications (endpoint handoffs of managed Redis
-		// offerings) would start goroutines per client and try a command
-		// that open-source Redis refuses on every connection; the loops
-		// already ride out a reconnect.
-		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-	}
-	if tgt.tls {
-		opts.TLSConfig = tlsConfig(cfg.TLS, tgt.addr)
-	}
+	cfg = conn.cfg
+	opTimeout := conn.timeout
 	r := &Redis{
 		cfg:       cfg,
-		target:    tgt.String(),
-		client:    redis.NewClient(opts),
+		target:    conn.target,
+		conn:      conn,
+		client:    conn.Client("", 4),
 		schema:    newSchema(cfg.Prefix),
 		log:       log.Named("registry"),
 		table:     newTable(cfg.Replica, cfg.Addr),
@@ -109,20 +76,6 @@ func NewRedis(cfg Config, password string, log *zap.Logger) (*Redis, error) {
 	}
 	r.health = newHealth(r.log, r.target)
 	return r, nil
-}
-
-func tlsConfig(base *tls.Config, addr string) *tls.Config {
-	c := &tls.Config{}
-	if base != nil {
-		c = base.Clone()
-	}
-	if c.MinVersion == 0 {
-		c.MinVersion = tls.VersionTLS12
-	}
-	if c.ServerName == "" {
-		c.ServerName, _, _ = net.SplitHostPort(addr)
-	}
-	return c
 }
 
 // Hold implements Registry.
@@ -414,14 +367,8 @@ func (r *Redis) script(ctx context.Context, s *redis.Script, keys []string, args
 }
 
 // explain adds what to do to the errors that need the operator.
-func (r *Redis) explain(err error) error {
-	switch {
-	case err == nil:
-		return nil
-	case redis.IsAuthError(err):
-		return fmt.Errorf("redis at %s refused the login; check the password (--registry-password-file) and the user in --registry: %w", r.target, err)
-	case errors.Is(err, context.DeadlineExceeded):
-		return fmt.Errorf("redis at %s did not answer within %v: %w", r.target, r.opTimeout, err)
-	}
-	return err
-}
+func (r *Redis) explain(err error) error { return r.conn.Explain(err) }
+
+// Conn is how to reach this registry's Redis, for the other state the
+// replicas share there.
+func (r *Redis) Conn() *RedisConn { return r.conn }
