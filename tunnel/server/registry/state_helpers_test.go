@@ -109,3 +109,5 @@ func changedWithin(t testing.TB, ch <-chan struct{}, d time.Duration, what strin
 		t.Fatalf("Changed was not closed within %v of %s", d, what)
 	}
 }
+
+var nopLog = zap.NewNop()
