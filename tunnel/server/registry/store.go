@@ -9,6 +9,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // StoreFile is the name of the embedded database in --data-dir.
@@ -54,7 +55,7 @@ func OpenStore(dir string) (*Store, error) {
 	path := filepath.Join(dir, StoreFile)
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: lockWait, FreelistType: bolt.FreelistMapType})
 	switch {
-	case errors.Is(err, bolt.ErrTimeout):
+	case errors.Is(err, bolterrors.ErrTimeout):
 		return nil, fmt.Errorf("open %s: another process holds it (a second tether server on the same --data-dir?); give each replica its own directory, or share state through --registry redis://…", path)
 	case err != nil:
 		return nil, fmt.Errorf("open %s: %w; check that --data-dir is writable by the server's user", path, err)
