@@ -66,6 +66,10 @@ func OpenStore(dir string) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("make %s readable by its owner only: %w", path, err)
 	}
+	// A lone write (a webhook's 202) waits this long for others to share
+	// its fsync; concurrent writes queue behind the commit in flight
+	// anyway, so a short window costs little sharing (BENCHMARKS.md).
+	db.MaxBatchDelay = time.Millisecond
 	s := &Store{db: db}
 	if err := s.init(); err != nil {
 		_ = db.Close()
