@@ -232,15 +232,9 @@ func (b *boltBackend) drop(_ context.Context, tunnel, id string) error {
 func (b *boltBackend) dropAll(_ context.Context, tunnel string) (int, error) {
 	n := 0
 	err := b.db.Update(func(tx *bolt.Tx) error {
-		n = 0
-		ids := idsBefore(tunnelBucket(tx, tunnel), nil)
-		for _, id := range ids {
-			if _, err := remove(tx, tunnel, id); err != nil {
-				return err
-			}
-			n++
-		}
-		return nil
+		var err error
+		n, err = removeBefore(tx, tunnel, nil)
+		return err
 	})
 	if err != nil {
 		return 0, err
@@ -248,11 +242,12 @@ func (b *boltBackend) dropAll(_ context.Context, tunnel string) (int, error) {
 	return n, nil
 }
 
-// idsBefore returns the IDs of t's queued and rejected requests below
-// limit (all of them for nil), copied out of the transaction's memory.
-func idsBefore(t *bolt.Bucket, limit []byte) [][]byte {
+// removeBefore deletes the tunnel's queued and rejected requests whose IDs
+// sort below limit (all of them for nil), and returns how many.
+func removeBefore(tx *bolt.Tx, tunnel string, limit []byte) (int, error) {
+	t := tunnelBucket(tx, tunnel)
 	if t == nil {
-		return nil
+		return 0, nil
 	}
 	var ids [][]byte
 	for _, name := range [][]byte{bucketQueued, bucketReject} {
@@ -262,10 +257,15 @@ func idsBefore(t *bolt.Bucket, limit []byte) [][]byte {
 		}
 		c := bk.Cursor()
 		for k, _ := c.First(); k != nil && (limit == nil || bytes.Compare(k, limit) < 0); k, _ = c.Next() {
-			ids = append(ids, bytes.Clone(k))
+			ids = append(ids, bytes.Clone(k)) // out of the cursor's memory before the deletes
 		}
 	}
-	return ids
+	for _, id := range ids {
+		if _, err := remove(tx, tunnel, id); err != nil {
+			return 0, err
+		}
+	}
+	return len(ids), nil
 }
 
 func (b *boltBackend) expire(_ context.Context, cutoff time.Time) (int, error) {
@@ -281,12 +281,11 @@ func (b *boltBackend) expire(_ context.Context, cutoff time.Time) (int, error) {
 			return err
 		}
 		for _, tunnel := range tunnels {
-			for _, id := range idsBefore(tunnelBucket(tx, tunnel), limit) {
-				if _, err := remove(tx, tunnel, id); err != nil {
-					return err
-				}
-				n++
+			m, err := removeBefore(tx, tunnel, limit)
+			if err != nil {
+				return err
 			}
+			n += m
 		}
 		return nil
 	})

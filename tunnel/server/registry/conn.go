@@ -126,3 +126,26 @@ func (c *RedisConn) Explain(err error) error {
 	}
 	return err
 }
+
+// subscribe subscribes client to channel and waits for Redis to confirm:
+// every message published from then on reaches ps. done closes ps; ctx
+// ending closes it too, which is what interrupts a receive.
+func (c *RedisConn) subscribe(ctx context.Context, client *redis.Client, channel string) (*redis.PubSub, func(), error) {
+	ps := client.Subscribe(ctx, channel)
+	closePS := func() { _ = ps.Close() } // its error says only that the connection was gone already
+	stop := context.AfterFunc(ctx, closePS)
+	done := func() {
+		stop()
+		closePS()
+	}
+	msg, err := ps.ReceiveTimeout(ctx, c.timeout)
+	if err != nil {
+		done()
+		return nil, nil, c.Explain(fmt.Errorf("subscribe to %s: %w", channel, err))
+	}
+	if _, ok := msg.(*redis.Subscription); !ok {
+		done()
+		return nil, nil, fmt.Errorf("subscribe to %s: got %T, want the confirmation", channel, msg)
+	}
+	return ps, done, nil
+}

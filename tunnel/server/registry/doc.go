@@ -1,11 +1,14 @@
 // Package registry tells the replicas of `tether server` that sit behind one
 // L4 load balancer which of them hold sessions of a tunnel, so that any
 // replica can forward a request for a tunnel it does not hold to one that
-// does.
+// does; and it keeps the other state the replicas share: revocations and
+// the routes each tunnel last advertised.
 //
-// It knows tunnel names and replicas only: which replica holds at least one
-// session of tunnel N, at which peer address, since which epoch. Sessions,
-// forwarding and HTTP are the server's business.
+// It knows tunnel names, token IDs and replicas only: which replica holds at
+// least one session of tunnel N, at which peer address, since which epoch;
+// which tunnels and tokens are revoked; which routes a tunnel advertised.
+// Sessions, logins, forwarding and HTTP are the server's business: it calls
+// Revoked at each login and closes the sessions a change covers (Changed).
 //
 //	reg, err := registry.Open(registry.Config{
 //		URL:     "redis://redis.tether.svc:6379/0", // or "memory" (the default)
@@ -70,7 +73,49 @@
 // processes must not share a replica ID: each would overwrite the other's
 // entries.
 //
-// With Redis ACLs, the registry's user needs the keys {prefix}*, the channel
-// {prefix}events, and the commands GET, SET, PEXPIRE, DEL, PTTL, SCAN,
-// PUBLISH, SUBSCRIBE, PING, EVAL, EVALSHA, HELLO and CLIENT SETNAME.
+// # Shared state: revocations and remembered routes
+//
+// Backing says where they live: with a Redis registry in its Redis (its
+// RedisConn), on a single replica with --data-dir in the Store (one bbolt
+// file, DIR/tether.db, 0600, a bucket per kind, each write fsynced before
+// the call returns; the webhook buffer keeps its bucket there too), and
+// otherwise in memory, lost with the process (Backing.Durable says so, for
+// the server to warn at start).
+//
+//	store, err := registry.OpenStore(dataDir) // single replica; or Backing{Redis: reg.Conn()}
+//	b := registry.Backing{Store: store}
+//	revs, err := registry.NewRevocations(b, log)
+//	go revs.Run(ctx)                               // follows the other replicas; prunes ended revocations
+//	rev, ok := revs.Revoked(tunnel, jti, original) // at every login: a map lookup, no lock
+//	routes, err := registry.NewRoutes(registry.RoutesConfig{Retention: 72 * time.Hour}, b, log)
+//	go routes.Run(ctx)                             // writes behind Remember and Left
+//	routes.Remember("acme", specs)                 // at each login
+//	rem, ok, err := routes.Lookup(ctx, "acme")     // may a request for acme be buffered?
+//
+// Revocations live in every replica's memory as an immutable set that a
+// change replaces. In Redis a revocation is a field of a hash; each change is
+// one Lua script that writes, increments a version and publishes it, and
+// each replica reloads the hash when it hears of a new version or, every
+// second, finds one (a missed message, a reconnect): a replica learns a
+// change within about a second while Redis answers it. If Redis comes back
+// without the version (restarted without persistence), the first replica to
+// notice writes its copy back, so a revoked tunnel does not come back; run
+// Redis with AOF all the same.
+//
+// Remembered routes are written behind Remember (each login) and Left (the
+// tunnel's last session here ended) by Run, and rewritten while the tunnel
+// has a session here, so that a tunnel served for longer than the retention
+// is still known when it goes down. In Redis each is a key that expires with
+// the retention; Lookup reads it (one round trip, only on the path of a
+// request for a tunnel that is down).
+//
+//	{prefix}revocations           hash: ID → JSON revocation
+//	{prefix}revocations:version   integer: incremented by every change
+//	{prefix}revocations:events    pub/sub channel: the new version
+//	{prefix}routes:{tunnel}       string: JSON routes and times, PX the retention
+//
+// With Redis ACLs, the registry's user needs the keys {prefix}*, the channels
+// {prefix}events and {prefix}revocations:events, and the commands GET, SET,
+// PEXPIRE, DEL, PTTL, SCAN, HGETALL, MULTI, EXEC, PUBLISH, SUBSCRIBE, PING,
+// EVAL, EVALSHA, HELLO and CLIENT SETNAME.
 package registry

@@ -205,19 +205,11 @@ func (b *redisRevocations) watch(ctx context.Context, r *Revocations) {
 // and every revocationPoll. connected reports whether it got as far as the
 // load.
 func (b *redisRevocations) follow(ctx context.Context, r *Revocations) (connected bool, err error) {
-	ps := b.client.Subscribe(ctx, b.channel)
-	closePS := func() { _ = ps.Close() } // its error says only that the connection was gone already
-	defer closePS()
-	stop := context.AfterFunc(ctx, closePS)
-	defer stop()
-
-	msg, err := ps.ReceiveTimeout(ctx, b.conn.Timeout())
+	ps, done, err := b.conn.subscribe(ctx, b.client, b.channel)
 	if err != nil {
-		return false, b.conn.Explain(fmt.Errorf("subscribe to %s: %w", b.channel, err))
+		return false, err
 	}
-	if _, ok := msg.(*redis.Subscription); !ok {
-		return false, fmt.Errorf("subscribe to %s: got %T, want the confirmation", b.channel, msg)
-	}
+	defer done()
 	if err := b.check(ctx, r); err != nil {
 		return false, err
 	}

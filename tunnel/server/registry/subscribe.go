@@ -39,22 +39,13 @@ func (r *Redis) subscribeLoop(ctx context.Context) {
 // follow runs one subscription until it fails; connected reports whether it
 // got as far as a scan.
 func (r *Redis) follow(ctx context.Context) (connected bool, err error) {
-	ps := r.client.Subscribe(ctx, r.schema.channel)
-	closePS := func() { _ = ps.Close() } // its error says only that the connection was gone already
-	defer closePS()
-	// Closing ps is what interrupts a receive when ctx ends.
-	stop := context.AfterFunc(ctx, closePS)
-	defer stop()
-
-	// The first reply confirms the subscription: every event from then on
-	// reaches ps, so the scan that follows misses nothing.
-	msg, err := ps.ReceiveTimeout(ctx, r.opTimeout)
+	// Once subscribed, every event reaches ps, so the scan that follows
+	// misses nothing.
+	ps, done, err := r.conn.subscribe(ctx, r.client, r.schema.channel)
 	if err != nil {
-		return false, r.explain(fmt.Errorf("subscribe to %s: %w", r.schema.channel, err))
+		return false, err
 	}
-	if _, ok := msg.(*redis.Subscription); !ok {
-		return false, fmt.Errorf("subscribe to %s: got %T, want the confirmation", r.schema.channel, msg)
-	}
+	defer done()
 	if err := r.resync(ctx); err != nil {
 		return false, err
 	}
