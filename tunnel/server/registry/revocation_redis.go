@@ -181,23 +181,8 @@ func (b *redisRevocations) close() error { return b.client.Close() }
 // watch follows the changes until ctx ends, resubscribing with backoff
 // while Redis fails.
 func (b *redisRevocations) watch(ctx context.Context, r *Revocations) {
-	backoff := minBackoff
-	for {
-		connected, err := b.follow(ctx, r)
-		if ctx.Err() != nil {
-			return
-		}
-		r.health.fail(err)
-		if connected {
-			backoff = minBackoff
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(backoff):
-		}
-		backoff = min(2*backoff, revocationPoll)
-	}
+	follow := func(ctx context.Context) (bool, error) { return b.follow(ctx, r) }
+	retryFollow(ctx, follow, r.health.fail, revocationPoll)
 }
 
 // follow runs one subscription until it fails: a full load once subscribed

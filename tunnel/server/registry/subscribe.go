@@ -17,13 +17,20 @@ import (
 // then applies the events. While Redis is away it keeps the cache as it was
 // and retries with backoff.
 func (r *Redis) subscribeLoop(ctx context.Context) {
+	retryFollow(ctx, r.follow, func(err error) { r.health.fail(pathSubscribe, err) }, r.cfg.Refresh)
+}
+
+// retryFollow runs follow until ctx ends, handing each failure to fail and
+// waiting between tries from minBackoff, doubling up to limit; a try that
+// connected starts the backoff over.
+func retryFollow(ctx context.Context, follow func(context.Context) (connected bool, err error), fail func(error), limit time.Duration) {
 	backoff := minBackoff
 	for {
-		connected, err := r.follow(ctx)
+		connected, err := follow(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		r.health.fail(pathSubscribe, err)
+		fail(err)
 		if connected {
 			backoff = minBackoff
 		}
@@ -32,7 +39,7 @@ func (r *Redis) subscribeLoop(ctx context.Context) {
 			return
 		case <-time.After(backoff):
 		}
-		backoff = min(2*backoff, r.cfg.Refresh)
+		backoff = min(2*backoff, limit)
 	}
 }
 
