@@ -380,3 +380,47 @@ func TestRevokedWhileChanging(t *testing.T) {
 	cancel()
 	wg.Wait()
 }
+
+// slowLoad holds its first load, after reading, until released: a reload
+// that read before a change made here and would land after it.
+type slowLoad struct {
+	revocationBackend
+	read, release chan struct{}
+	once          sync.Once
+}
+
+func (s *slowLoad) load(ctx context.Context, cur *revocationSet) (uint64, map[string]Revocation, error) {
+	v, revs, err := s.revocationBackend.load(ctx, cur)
+	s.once.Do(func() {
+		close(s.read)
+		<-s.release
+	})
+	return v, revs, err
+}
+
+// TestReloadDoesNotUndoLocalChange: a reload that read the store before an
+// Add here does not put back the set without it.
+func TestReloadDoesNotUndoLocalChange(t *testing.T) {
+	r, err := NewRevocations(Backing{}, nopLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	slow := &slowLoad{revocationBackend: r.backend, read: make(chan struct{}), release: make(chan struct{})}
+	r.backend = slow
+	listed := make(chan error)
+	go func() {
+		_, err := r.List(t.Context())
+		listed <- err
+	}()
+	<-slow.read
+	if _, err := r.Add(t.Context(), Revocation{Tunnel: "acme"}); err != nil {
+		t.Fatal(err)
+	}
+	close(slow.release)
+	if err := <-listed; err != nil {
+		t.Fatal(err)
+	}
+	if err := revokedIs(r, true, "acme", "", "")(); err != nil {
+		t.Fatalf("after a reload that raced the Add: %v", err)
+	}
+}
