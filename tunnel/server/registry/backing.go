@@ -14,6 +14,18 @@ type Backing struct {
 	Store *Store
 }
 
+// BackingFor is where a server keeps its shared state: in Redis with a
+// Redis registry, else in store (--data-dir; nil without one), else in
+// memory. Giving a store to a server with a Redis registry is an error: the
+// replicas share their state in Redis.
+func BackingFor(reg Registry, store *Store) (Backing, error) {
+	b := Backing{Store: store}
+	if r, ok := reg.(*Redis); ok {
+		b.Redis = r.Conn()
+	}
+	return b, b.valid()
+}
+
 // Where the state is kept, as Backing.Kind says it.
 const (
 	KindMemory  = "memory"

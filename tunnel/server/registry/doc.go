@@ -82,8 +82,8 @@
 // otherwise in memory, lost with the process (Backing.Durable says so, for
 // the server to warn at start).
 //
-//	store, err := registry.OpenStore(dataDir) // single replica; or Backing{Redis: reg.Conn()}
-//	b := registry.Backing{Store: store}
+//	store, err := registry.OpenStore(dataDir) // only with --data-dir
+//	b, err := registry.BackingFor(reg, store)  // Redis, the store, or memory
 //	revs, err := registry.NewRevocations(b, log)
 //	go revs.Run(ctx)                               // follows the other replicas; prunes ended revocations
 //	rev, ok := revs.Revoked(tunnel, jti, original) // at every login: a map lookup, no lock

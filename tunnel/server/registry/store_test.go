@@ -69,6 +69,16 @@ func TestBackingBoth(t *testing.T) {
 	if _, err := NewRoutes(RoutesConfig{}, b, nopLog); err == nil {
 		t.Error("NewRoutes with both backings succeeded")
 	}
+	reg := newReplica(t, "redis://127.0.0.1:1", "a", "")
+	if _, err := BackingFor(reg.Redis, b.Store); err == nil {
+		t.Error("BackingFor a Redis registry and a data directory succeeded")
+	}
+	if got, err := BackingFor(reg.Redis, nil); err != nil || got.Redis != reg.Conn() {
+		t.Errorf("BackingFor a Redis registry: got %+v, %v; want its Redis", got, err)
+	}
+	if got, err := BackingFor(NewMemory("a", ""), b.Store); err != nil || got.Store != b.Store || got.Redis != nil {
+		t.Errorf("BackingFor a memory registry and a store: got %+v, %v; want the store", got, err)
+	}
 	for want, b := range map[string]Backing{KindMemory: {}, KindDataDir: {Store: b.Store}, KindRedis: {Redis: b.Redis}} {
 		if b.Kind() != want || b.Durable() != (want != KindMemory) {
 			t.Errorf("kind %s, durable %v; want %s", b.Kind(), b.Durable(), want)
