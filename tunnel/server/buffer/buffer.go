@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -279,6 +280,9 @@ type Buffer struct {
 	log     *zap.Logger
 
 	accepted, full, delivered, rejected, expired, dropped atomic.Uint64
+
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Open returns the buffer kept as b says: ErrDisabled for memory. It
@@ -441,9 +445,12 @@ func (b *Buffer) Run(ctx context.Context) error {
 }
 
 // Close releases the connection to Redis, if any; the data directory's
-// store is the server's to close. Call it after Run returned and the
-// deliverers stopped.
-func (b *Buffer) Close() error { return b.backend.close() }
+// store is the server's to close. It is idempotent; call it after Run
+// returned and the deliverers stopped.
+func (b *Buffer) Close() error {
+	b.closeOnce.Do(func() { b.closeErr = b.backend.close() })
+	return b.closeErr
+}
 
 // Acquire takes the tunnel's delivery lease, or fails with ErrLeased while
 // another deliverer (here or on another replica) holds it. The holder

@@ -82,5 +82,5 @@
 // lease check and its change, are one atomic step. (Redis streams, the
 // obvious structure, cannot change an entry's attempts nor put a requeued
 // request back in its place.) With ACLs the user needs these keys and
-// EVAL, EVALSHA, ZRANGE, ZCARD, HGET, HGETALL, SMEMBERS, GET and SET.
+// EVAL, EVALSHA, ZRANGE, ZCARD, HGET, HGETALL, SMEMBERS, MULTI and EXEC.
 package buffer
