@@ -12,7 +12,9 @@
 //   - with a Redis registry, Redis, shared by the replicas; Append returns
 //     after Redis ran the write. Redis keeps it across its own restart only
 //     with AOF (appendonly yes; appendfsync always loses nothing, everysec
-//     at most the last second).
+//     at most the last second), and keeps it at all only with
+//     maxmemory-policy noeviction: bodies live in Redis's memory, up to
+//     Config.MaxTotalBytes.
 //
 // With neither, Open returns ErrDisabled: buffering is off.
 //
