@@ -73,9 +73,10 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDialReply$$' -fuzztime $(FUZZTIME) ./tunnel/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadOpening$$' -fuzztime $(FUZZTIME) ./tunnel/server/
 	$(GO) test -run '^$$' -fuzz '^FuzzHeadLines$$' -fuzztime $(FUZZTIME) ./tunnel/server/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodePayload$$' -fuzztime $(FUZZTIME) ./tunnel/server/buffer/
 
 bench: ## Go benchmarks of the request path (see also bench-compare)
-	$(GO) test -run '^$$' -bench . -skip '^BenchmarkIdleSessions$$' -benchmem ./tunnel/server/ ./tunnel/server/registry/ ./proxy/ ./auth/
+	$(GO) test -run '^$$' -bench . -skip '^BenchmarkIdleSessions$$' -benchmem ./tunnel/server/ ./tunnel/server/registry/ ./tunnel/server/buffer/ ./proxy/ ./auth/
 
 scale: build ## idle sessions at scale: SCALE_SESSIONS (20000: 10,000 tunnels x 2) against bin/tether; server RSS, heap, goroutines, idle CPU over SCALE_IDLE
 	ulimit -n $$(ulimit -Hn) && TETHER_BIN=$(CURDIR)/bin/tether $(GO) test -run '^$$' -bench '^BenchmarkIdleSessions$$' \
