@@ -145,7 +145,7 @@ func TestMetricNames(t *testing.T) {
 		`sum by (namespace, tunnel) (rate(tether_tunnel_requests_total{tunnel=~"a|b", code_class="5xx"}[5m]))`: {"tether_tunnel_requests_total"},
 		"count by (tunnel) (max_over_time(a_total[1h]))\nunless count by (tunnel) (b_total offset 1h)":         {"a_total", "b_total"},
 		`histogram_quantile(0.99, sum by (le) (rate(x_bucket{pod=~"$pod"}[$__rate_interval])))`:                {"x_bucket"},
-		`max by (pod, version) (tether_build_info) * on (pod) group_left (version) up > 0.8 * 8192`:             {"tether_build_info", "up"},
+		`max by (pod, version) (tether_build_info) * on (pod) group_left (version) up > 0.8 * 8192`:            {"tether_build_info", "up"},
 		`1 - tether_registry_up{job="tether"} and bool process_cpu_seconds_total`:                              {"process_cpu_seconds_total", "tether_registry_up"},
 	} {
 		if got := metricNames(expr); !slices.Equal(got, want) {
