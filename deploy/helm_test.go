@@ -770,3 +770,19 @@ func TestClientConnectionsDefault(t *testing.T) {
 		t.Errorf("rendered --connections %s; want [%s]", got, want)
 	}
 }
+
+// TestRendersWithoutKubeVersion: the helm that `make helm` builds renders
+// the charts without --kube-version, as a released helm does. A plain
+// `go install` of helm assumes Kubernetes v1.20, older than the charts'
+// kubeVersion; the Makefile stamps a current one (HELM_KUBE_MINOR).
+func TestRendersWithoutKubeVersion(t *testing.T) {
+	for _, c := range charts {
+		args := []string{"template", "rel", c.dir()}
+		for _, s := range c.required {
+			args = append(args, "--set", s)
+		}
+		if _, err := helm(t, args...); err != nil {
+			t.Errorf("%v\nthis helm assumes a Kubernetes older than the charts' kubeVersion: build it with `make helm`, which pins a current one, or pass --kube-version", err)
+		}
+	}
+}
