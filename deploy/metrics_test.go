@@ -2,7 +2,6 @@ package deploy
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -15,7 +14,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -248,7 +246,7 @@ func issueToken(t *testing.T, key, file string) string {
 func startProcess(t *testing.T, name string, args ...string) {
 	t.Helper()
 	cmd := exec.Command(tetherBin, args...)
-	var out syncBuffer
+	var out testutil.SyncBuffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start %s: %v", name, err)
@@ -260,23 +258,6 @@ func startProcess(t *testing.T, name string, args ...string) {
 			t.Logf("%s (tether %s):\n%s", name, strings.Join(args, " "), out.String())
 		}
 	})
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 var httpClient = &http.Client{Timeout: 5 * time.Second}

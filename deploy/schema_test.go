@@ -101,7 +101,7 @@ func compareSchema(n *schemaNode, values map[string]any, prefix string) []string
 		}
 	}
 	for k := range n.Properties {
-		if _, ok := values[k]; !ok && !(prefix == "" && k == "global") {
+		if _, ok := values[k]; !ok && (prefix != "" || k != "global") {
 			problems = append(problems, "values.schema.json describes "+strings.TrimPrefix(prefix+"."+k, ".")+"; values.yaml has no such value")
 		}
 	}
