@@ -161,6 +161,22 @@ func TestExitCodes(t *testing.T) {
 	}
 }
 
+// The exit codes are documented once, in exitCodesHelp: tether --help
+// prints it, and the operations guide quotes it as it is.
+func TestExitCodesDocumented(t *testing.T) {
+	_, stdout, _ := runTether(t, nil, runners{}, "--help")
+	if !strings.Contains(stdout, exitCodesHelp) {
+		t.Errorf("tether --help does not list the exit codes:\n%s", stdout)
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), exitCodesHelp) {
+		t.Errorf("docs/operations.md does not quote the exit codes of tether --help:\n%s", exitCodesHelp)
+	}
+}
+
 // tether version -o json prints one object with the stable keys.
 func TestVersionJSON(t *testing.T) {
 	code, stdout, stderr := runTether(t, nil, runners{}, "version", "-o", "json")
