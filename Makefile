@@ -12,12 +12,20 @@ GOBIN   ?= $(shell $(GO) env GOPATH)/bin
 GOLANGCI := $(GOBIN)/golangci-lint
 HELM_VERSION := v3.22.0
 HELM    := $(GOBIN)/helm
+# The Kubernetes version helm assumes without --kube-version. helm's own
+# release builds stamp it; a `go install`-built helm assumes v1.20, older than
+# the charts' kubeVersion (>=1.30), and renders them only with --kube-version.
+HELM_KUBE_MINOR := 34
+HELM_LDFLAGS := -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_KUBE_MINOR) \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 -X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_KUBE_MINOR)
 IMAGE   ?= tether
 IMAGE_TAG ?= $(VERSION)
 IMAGE_CONTEXT ?= bin/image
 CA_BUNDLE ?= /etc/ssl/certs/ca-certificates.crt
+DIST    ?= dist/$(VERSION)
+GOARCH  ?= $(shell $(GO) env GOARCH)
 
-.PHONY: help build run test lint fmt fuzz bench bench-compare scale e2e clean image image-context helm
+.PHONY: help build run test lint fmt fuzz bench bench-compare scale e2e clean image image-context helm release
 
 help: ## list the targets
 	@grep -E '^[a-z0-9-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-14s %s\n", $$1, $$2}'
@@ -41,12 +49,13 @@ lint: $(GOLANGCI) ## golangci-lint (.golangci.yml) and module tidiness
 $(GOLANGCI): # installed once, at the pinned version
 	GOBIN=$(GOBIN) $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
-helm: ## install the pinned helm into GOBIN for the chart tests (built once, then reused)
-	@if $(GO) version -m $(HELM) 2>/dev/null | grep -Eq '^[[:space:]]+mod[[:space:]]+helm.sh/helm/v3[[:space:]]+$(HELM_VERSION)([[:space:]]|$$)'; then \
+helm: ## install the pinned helm into GOBIN for the chart tests and make release (built once, then reused)
+	@if $(GO) version -m $(HELM) 2>/dev/null | grep -Eq '^[[:space:]]+mod[[:space:]]+helm.sh/helm/v3[[:space:]]+$(HELM_VERSION)([[:space:]]|$$)' && \
+		$(GO) version -m $(HELM) | grep -q 'chartutil.k8sVersionMinor=$(HELM_KUBE_MINOR)'; then \
 		echo "helm $(HELM_VERSION) is at $(HELM)"; \
 	else \
 		echo "building helm $(HELM_VERSION) into $(GOBIN) (once; a few minutes)"; \
-		GOBIN=$(GOBIN) $(GO) install helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
+		GOBIN=$(GOBIN) $(GO) install -ldflags '$(HELM_LDFLAGS)' helm.sh/helm/v3/cmd/helm@$(HELM_VERSION); \
 	fi
 
 image: image-context ## build the container image IMAGE:IMAGE_TAG (tether:git describe) with docker, podman or buildah
@@ -56,10 +65,13 @@ image-context: # stage the image's build context: static binary, CA bundle, nonr
 	@test -r $(CA_BUNDLE) || { echo "image: no CA bundle at $(CA_BUNDLE): install ca-certificates (apt-get install ca-certificates) or set CA_BUNDLE=FILE" >&2; exit 1; }
 	rm -rf $(IMAGE_CONTEXT)
 	mkdir -p $(IMAGE_CONTEXT)/etc/ssl/certs
-	CGO_ENABLED=0 GOOS=linux $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(IMAGE_CONTEXT)/tether ./cmd/tether
+	CGO_ENABLED=0 GOOS=linux GOARCH=$(GOARCH) $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(IMAGE_CONTEXT)/tether ./cmd/tether
 	cp $(CA_BUNDLE) $(IMAGE_CONTEXT)/etc/ssl/certs/ca-certificates.crt
 	printf 'root:x:0:0:root:/root:/sbin/nologin\nnonroot:x:65532:65532:nonroot:/home/nonroot:/sbin/nologin\n' > $(IMAGE_CONTEXT)/etc/passwd
 	printf 'root:x:0:\nnonroot:x:65532:\n' > $(IMAGE_CONTEXT)/etc/group
+
+release: helm ## VERSION=vX.Y.Z: binaries for linux/amd64 and arm64, SHA256SUMS, SBOM, charts and a multi-arch image archive in DIST (dist/VERSION)
+	GO=$(GO) HELM=$(HELM) deploy/release.sh $(VERSION) $(DIST)
 
 fmt: ## format the code
 	gofmt -w $$(git ls-files '*.go')
@@ -86,4 +98,4 @@ bench-compare: build ## BENCHMARKS.md: tether beside no tunnel, frp, chisel (~30
 	bench/compare.sh $(BENCH_FLAGS)
 
 clean: ## remove build output
-	rm -rf bin
+	rm -rf bin dist

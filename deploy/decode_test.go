@@ -41,6 +41,41 @@ type serviceMonitor struct {
 	} `json:"spec"`
 }
 
+// podMonitor is the part of monitoring.coreos.com/v1 PodMonitor the client
+// chart uses, with the operator's field names.
+type podMonitor struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Selector            metav1.LabelSelector `json:"selector"`
+		PodMetricsEndpoints []struct {
+			Port     string `json:"port"`
+			Path     string `json:"path,omitempty"`
+			Interval string `json:"interval,omitempty"`
+		} `json:"podMetricsEndpoints"`
+	} `json:"spec"`
+}
+
+// prometheusRule is monitoring.coreos.com/v1 PrometheusRule, with the
+// operator's field names.
+type prometheusRule struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		Groups []struct {
+			Name  string `json:"name"`
+			Rules []struct {
+				Alert       string            `json:"alert,omitempty"`
+				Record      string            `json:"record,omitempty"`
+				Expr        string            `json:"expr"`
+				For         string            `json:"for,omitempty"`
+				Labels      map[string]string `json:"labels,omitempty"`
+				Annotations map[string]string `json:"annotations,omitempty"`
+			} `json:"rules"`
+		} `json:"groups"`
+	} `json:"spec"`
+}
+
 // manifests holds one render, decoded into the API types.
 type manifests struct {
 	raw             string
@@ -55,6 +90,8 @@ type manifests struct {
 	pdbs            []*policyv1.PodDisruptionBudget
 	hpas            []*autoscalingv2.HorizontalPodAutoscaler
 	serviceMonitors []*serviceMonitor
+	podMonitors     []*podMonitor
+	prometheusRules []*prometheusRule
 }
 
 func decodeAll(t *testing.T, stream string) *manifests {
@@ -107,6 +144,12 @@ func decodeManifests(stream string) (*manifests, error) {
 		case "monitoring.coreos.com/v1 ServiceMonitor":
 			o := &serviceMonitor{}
 			m.serviceMonitors, obj = append(m.serviceMonitors, o), o
+		case "monitoring.coreos.com/v1 PodMonitor":
+			o := &podMonitor{}
+			m.podMonitors, obj = append(m.podMonitors, o), o
+		case "monitoring.coreos.com/v1 PrometheusRule":
+			o := &prometheusRule{}
+			m.prometheusRules, obj = append(m.prometheusRules, o), o
 		default:
 			return nil, fmt.Errorf("document %d: unknown kind %q of apiVersion %q: add it to decodeManifests with its Go type\n%s",
 				i, tm.Kind, tm.APIVersion, doc)

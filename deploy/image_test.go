@@ -2,13 +2,17 @@ package deploy
 
 import (
 	"bufio"
+	"bytes"
 	"debug/elf"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // TestImageContext stages the image's build context the way `make image`
@@ -117,23 +121,54 @@ func TestImageWithoutEngine(t *testing.T) {
 	}
 }
 
-// containerEngine returns a container engine that can run containers here.
-func containerEngine() string {
-	if exec.Command("docker", "info").Run() == nil {
-		return "docker"
+// containerEngine returns a container engine whose daemon or storage
+// answers, or why there is none.
+func containerEngine() (engine, why string) {
+	var reasons []string
+	for _, e := range []string{"docker", "podman"} {
+		if _, err := exec.LookPath(e); err != nil {
+			reasons = append(reasons, e+" is not installed")
+			continue
+		}
+		out, err := exec.Command(e, "info").CombinedOutput()
+		if err == nil {
+			return e, ""
+		}
+		reasons = append(reasons, fmt.Sprintf("'%s info' failed: %s", e, firstLine(string(out))))
 	}
-	if exec.Command("podman", "info").Run() == nil {
-		return "podman"
-	}
-	return ""
+	return "", strings.Join(reasons, "; ")
 }
 
-// TestImage builds the image with `make image` and runs `tether version`
-// in it.
+// runArgs are the `ENGINE run` options that let a container start where
+// tests run: podman with runc when it is installed, as crun fails in
+// sandboxes that refuse it the container's rlimits, and rlimits no higher
+// than a sandbox grants.
+func runArgs(engine string) []string {
+	args := []string{"run", "--rm", "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=1024:1024"}
+	if _, err := exec.LookPath("runc"); err == nil && engine == "podman" {
+		args = append(args, "--runtime", "runc")
+	}
+	return args
+}
+
+// cannotRun reports whether a failed `ENGINE run` failed for the machine,
+// not the image: the runtime could not set up the container's limits or
+// cgroups.
+var cannotRun = regexp.MustCompile(`(?i)setrlimit|error setting rlimit|cgroups? .*not supported|OCI permission denied`)
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(strings.TrimSpace(s), "\n")
+	return line
+}
+
+// TestImage builds the image with `make image` and runs it as the charts
+// do (user 65532, read-only root, /tmp a tmpfs): `tether version`, and
+// `tether diagnose --bundle -`, whose archive reaches stdout although
+// nothing in the container is writable but /tmp.
 func TestImage(t *testing.T) {
-	engine := containerEngine()
+	engine, why := containerEngine()
 	if engine == "" {
-		t.Skip("no container engine is available here ('docker info' and 'podman info' fail): the image is not built; TestImageContext checks its contents")
+		t.Skipf("no container engine answers here (%s): the image is neither built nor run; TestImageContext checks what it holds", why)
 	}
 	ref := "tether-image-test:" + strings.ToLower(strings.ReplaceAll(t.Name(), "/", "-"))
 	cmd := exec.Command("make", "image", "IMAGE_CONTEXT="+t.TempDir(), "IMAGE="+strings.Split(ref, ":")[0], "IMAGE_TAG="+strings.Split(ref, ":")[1])
@@ -143,15 +178,29 @@ func TestImage(t *testing.T) {
 		t.Fatalf("make image: %v\n%s", err, out)
 	}
 	t.Cleanup(func() { _ = exec.Command(engine, "rmi", ref).Run() })
-	out, err := exec.Command(engine, "run", "--rm", ref, "version").CombinedOutput()
+	user, err := exec.Command(engine, "image", "inspect", "--format", "{{.Config.User}}", ref).Output()
+	if err != nil || strings.TrimSpace(string(user)) != "65532:65532" {
+		t.Errorf("image user %q (%v); want 65532:65532", user, err)
+	}
+
+	asInPod := append(runArgs(engine), "--read-only", "--tmpfs", "/tmp", "--user", "65532:65532", "--network", "none", ref)
+	out, err := exec.Command(engine, append(asInPod, "version")...).CombinedOutput()
+	if err != nil && cannotRun.Match(out) {
+		t.Skipf("%s built the image but cannot start a container on this machine: %s (install runc for podman: apt-get install runc)", engine, firstLine(string(out)))
+	}
 	if err != nil {
 		t.Fatalf("%s run %s version: %v\n%s", engine, ref, err, out)
 	}
 	if !strings.Contains(string(out), "tether") {
 		t.Errorf("tether version in the image printed %q", out)
 	}
-	user, err := exec.Command(engine, "image", "inspect", "--format", "{{.Config.User}}", ref).Output()
-	if err != nil || strings.TrimSpace(string(user)) != "65532:65532" {
-		t.Errorf("image user %q (%v); want 65532:65532", user, err)
+
+	var stdout, stderr bytes.Buffer
+	diag := exec.Command(engine, append(asInPod, "diagnose", "--bundle", "-", "--server", "127.0.0.1:1", "--token-file", "/nonexistent", "--timeout", "1s")...)
+	diag.Stdout, diag.Stderr = &stdout, &stderr
+	_ = diag.Run() // checks fail: no server, no token
+	files := testutil.UntarGz(t, &stdout)
+	if _, ok := files["report.json"]; !ok {
+		t.Errorf("the bundle from the container has %v; want report.json among them\nstderr: %s", files, stderr.String())
 	}
 }

@@ -173,6 +173,7 @@ var (
 	serverChart = chart{name: "tether-server", required: []string{
 		"domain=tunnels.example.com",
 		"jwt.publicKey=-----BEGIN PUBLIC KEY-----",
+		"adminToken.existingSecret=tether-admin",
 	}}
 	clientChart = chart{name: "tether-client", required: []string{
 		"server=tunnels.example.com:7000",

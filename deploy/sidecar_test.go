@@ -41,10 +41,14 @@ func TestSidecarInRuntimeChart(t *testing.T) {
 	for name, tc := range map[string]struct {
 		set         []string
 		connections string
+		readiness   string
 	}{
-		"defaults": {nil, clientConnectionsDefault()},
+		// A sidecar's readiness is the process's: the platform never makes
+		// the runtime's pod NotReady.
+		"defaults": {nil, clientConnectionsDefault(), "/healthz"},
 		"ca, proxy and connections": {[]string{"tether-client.tls.caConfigMap=corp-ca", "tether-client.proxy.noProxy=.cluster.local",
-			"tether-client.health.port=9999", "tether-client.connections=5"}, "5"},
+			"tether-client.health.port=9999", "tether-client.connections=5"}, "5", "/healthz"},
+		"tunnel readiness": {[]string{"tether-client.probes.readiness.mode=tunnel"}, clientConnectionsDefault(), "/readyz"},
 	} {
 		t.Run(name, func(t *testing.T) {
 			args := []string{"template", "rt", dst, "--kube-version", kubeVersion}
@@ -70,6 +74,13 @@ func TestSidecarInRuntimeChart(t *testing.T) {
 			if got := flags["connections"]; fmt.Sprint(got) != fmt.Sprint([]string{tc.connections}) {
 				t.Errorf("--connections %v; want [%s]", got, tc.connections)
 			}
+			if got := c.ReadinessProbe.HTTPGet.Path; got != tc.readiness {
+				t.Errorf("sidecar readiness on %s; want %s", got, tc.readiness)
+			}
+			if want := "ghcr.io/tether-dev/tether:" + chartMeta(t, clientChart).AppVersion; c.Image != want {
+				t.Errorf("sidecar image %s; want the tether-client chart's appVersion, %s", c.Image, want)
+			}
+			checkTmp(t, pod, c)
 			var tokenSecret string
 			for _, v := range pod.Volumes {
 				if v.Name == "tether-token" && v.Secret != nil {

@@ -60,7 +60,7 @@ func (r *run) checkUpstream(ctx context.Context, rt proxy.Route) Check {
 		if de, ok := errors.AsType[*net.DNSError](err); ok && de.IsNotFound && !r.inCluster() {
 			// Service names resolve only inside the cluster: from a laptop
 			// this says nothing about the tunnel.
-			return warn(detail, fmt.Sprintf("%s does not resolve here, and diagnose is not running in a Kubernetes pod (no KUBERNETES_SERVICE_HOST): cluster service names resolve only inside the cluster; run diagnose in the client's pod (kubectl exec <pod> -c tether -- tether diagnose) to check --route %s", rt.Upstream.Hostname(), rt.Prefix))
+			return warn(detail, fmt.Sprintf("%s does not resolve here, and diagnose is not running in a Kubernetes pod (no KUBERNETES_SERVICE_HOST): cluster service names resolve only inside the cluster; run diagnose in the client's pod (kubectl exec <pod> -c tether-client -- tether diagnose) to check --route %s", rt.Upstream.Hostname(), rt.Prefix))
 		}
 		return fail(detail, upstreamHint(rt, err))
 	}

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"strings"
 	"time"
@@ -55,9 +56,15 @@ without the platform's DNS), and the public path is skipped while no client
 serves the tunnel, so it also works as a pre-flight check.
 
 It takes the same flags, config file and environment as 'tether client', so in
-the client's container it needs no arguments. Exit status 0 when no check
-failed (warn and skip do not), 1 when one did.`,
-		Example: `  kubectl exec deploy/my-runtime -c tether -- tether diagnose
+the client's container it needs no arguments (the charts name that container
+tether-client). Exit status 0 when no check failed (warn and skip do not), 1
+when one did.
+
+--bundle FILE also writes a support bundle (.tar.gz, secrets removed); with
+--bundle - the archive goes to stdout and the report to stderr, so that
+'kubectl exec ... > bundle.tar.gz' needs no writable directory in the pod.`,
+		Example: `  kubectl exec deploy/my-runtime -c tether-client -- tether diagnose
+  kubectl exec deploy/my-runtime -c tether-client -- tether diagnose --bundle - > tether-support.tar.gz
   tether diagnose --server tunnels.example.com:443 --token-file token.jwt --url https://acme.tunnels.example.com/
   tether diagnose --output json | jq '.checks[] | select(.status != "pass")'
   tether diagnose --bundle /tmp/tether-support.tar.gz`,
@@ -73,7 +80,7 @@ failed (warn and skip do not), 1 when one did.`,
 	fl.StringVar(&opts.URL, "url", "", "the tunnel's public URL for the end-to-end check, e.g. https://acme.tunnels.example.com/ (default: what the server says)")
 	fl.DurationVar(&opts.Timeout, "timeout", 10*time.Second, "bound on each network step")
 	fl.IntVar(&opts.Requests, "requests", 10, "requests the end-to-end check makes")
-	fl.StringVar(&opts.Bundle, "bundle", "", "also write a redacted support bundle (.tar.gz) to this file")
+	fl.StringVar(&opts.Bundle, "bundle", "", "also write a redacted support bundle (.tar.gz) to this file; - writes it to stdout (the report then goes to stderr)")
 	return cmd
 }
 
@@ -96,24 +103,31 @@ func runDiagnose(cmd *cobra.Command, f *Factory, opts *DiagnoseOptions) error {
 		Timeout:  opts.Timeout,
 		Requests: opts.Requests,
 	}
+	// With --bundle -, stdout carries the archive alone.
+	out := f.Out
+	if opts.Bundle == "-" {
+		out = f.ErrOut
+	}
 	var text *diagnose.Text
 	if opts.Output == "text" {
-		fmt.Fprintf(f.Out, "tether diagnose (%s): tunnel client → %s\n\n", version.String(), orNone(cfg.Server))
-		text = diagnose.NewText(f.Out)
+		fmt.Fprintf(out, "tether diagnose (%s): tunnel client → %s\n\n", version.String(), orNone(cfg.Server))
+		text = diagnose.NewText(out)
 		o.Progress = text
 	}
 	report := diagnose.Run(cmd.Context(), o)
 	if text != nil {
 		text.Close()
-		diagnose.WriteSummary(f.Out, report)
-	} else if err := diagnose.WriteJSON(f.Out, report); err != nil {
+		diagnose.WriteSummary(out, report)
+	} else if err := diagnose.WriteJSON(out, report); err != nil {
 		return err
 	}
 	if opts.Bundle != "" {
-		if err := writeBundle(cmd, opts, cfg, report, settings); err != nil {
+		if err := writeBundle(cmd, f, opts, cfg, report, settings); err != nil {
 			return err
 		}
-		fmt.Fprintf(f.ErrOut, "support bundle written to %s\n", opts.Bundle)
+		if opts.Bundle != "-" {
+			fmt.Fprintf(f.ErrOut, "support bundle written to %s\n", opts.Bundle)
+		}
 	}
 	if !report.OK {
 		return errors.New("diagnosis found failures: see the checks' hints")
@@ -121,10 +135,16 @@ func runDiagnose(cmd *cobra.Command, f *Factory, opts *DiagnoseOptions) error {
 	return nil
 }
 
-func writeBundle(cmd *cobra.Command, opts *DiagnoseOptions, cfg client.Config, report diagnose.Report, settings []diagnose.Setting) error {
-	out, err := os.OpenFile(opts.Bundle, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
-	if err != nil {
-		return fmt.Errorf("--bundle: %w", err)
+// writeBundle writes the support bundle to the file --bundle names, or to
+// stdout for "-".
+func writeBundle(cmd *cobra.Command, f *Factory, opts *DiagnoseOptions, cfg client.Config, report diagnose.Report, settings []diagnose.Setting) error {
+	var out io.WriteCloser = nopCloser{f.Out}
+	if opts.Bundle != "-" {
+		file, err := os.OpenFile(opts.Bundle, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o600)
+		if err != nil {
+			return fmt.Errorf("--bundle: %w (in a container with a read-only root, write it to stdout: --bundle - > bundle.tar.gz)", err)
+		}
+		out = file
 	}
 	var secrets []string
 	if b, err := os.ReadFile(opts.Client.TokenFile); err == nil && opts.Client.TokenFile != "" {
@@ -173,6 +193,10 @@ func diagnoseSettings(fs *pflag.FlagSet, sources *config.Sources) []diagnose.Set
 	})
 	return out
 }
+
+type nopCloser struct{ io.Writer }
+
+func (nopCloser) Close() error { return nil }
 
 func orNone(s string) string {
 	if s == "" {

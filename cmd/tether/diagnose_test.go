@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -178,6 +179,42 @@ func TestDiagnoseBundleHidesProxyPassword(t *testing.T) {
 				if strings.Contains(data, password) || strings.Contains(data, encoded) {
 					t.Errorf("bundle file %s holds the proxy password:\n%s", name, data)
 				}
+			}
+		})
+	}
+}
+
+// --bundle - writes the support bundle to stdout, and nothing else: the
+// report goes to stderr, so `kubectl exec ... -- tether diagnose --bundle -
+// > bundle.tar.gz` works in a container whose root is read-only.
+func TestDiagnoseBundleToStdout(t *testing.T) {
+	for _, output := range []string{"text", "json"} {
+		t.Run(output, func(t *testing.T) {
+			token := "not-a-jwt-but-secret"
+			code, stdout, stderr := runTether(t, nil, runners{}, "diagnose", "--bundle", "-", "--output", output, "--timeout", "1s",
+				"--server", testutil.ClosedAddr(t), "--token-file", writeFile(t, "token", token),
+				"--route", "/=http://"+testutil.ClosedAddr(t), "--proxy", "direct")
+			if code != exitFail {
+				t.Errorf("exit %d; want %d (checks failed)", code, exitFail)
+			}
+			files := testutil.UntarGz(t, strings.NewReader(stdout))
+			for _, name := range []string{"report.json", "report.txt", "version.txt", "config.txt", "missing.txt"} {
+				if _, ok := files[name]; !ok {
+					t.Errorf("the archive on stdout has no %s; it has %v", name, slices.Sorted(maps.Keys(files)))
+				}
+			}
+			if !strings.Contains(files["report.txt"], "FAIL tcp") {
+				t.Errorf("report.txt in the archive:\n%s", files["report.txt"])
+			}
+			want := "FAIL tcp"
+			if output == "json" {
+				want = `"status": "fail"`
+			}
+			if !strings.Contains(stderr, want) {
+				t.Errorf("stderr does not carry the report (%q):\n%s", want, stderr)
+			}
+			if strings.Contains(stdout, token) || strings.Contains(stderr, token) {
+				t.Error("the token is on stdout or stderr")
 			}
 		})
 	}

@@ -8,11 +8,7 @@
 //	tether demo      everything on loopback, with stand-in backends
 //	tether version
 //
-// Exit codes (documented once, here and in the README):
-//
-//	0  success
-//	1  failed: could not start, or stopped on an error (a restart will not help without a fix)
-//	2  invalid invocation: a flag, environment variable, config file or value is wrong
+// Exit codes: see exitCodesHelp, which `tether --help` prints.
 package main
 
 import (
@@ -24,11 +20,20 @@ import (
 	"syscall"
 )
 
+// The exit codes, the same for every command.
 const (
 	exitOK    = 0
 	exitFail  = 1
 	exitUsage = 2
 )
+
+// exitCodesHelp documents the exit codes, in `tether --help` and in the
+// operations guide (docs/operations.md), which quotes it.
+const exitCodesHelp = `Exit codes:
+  0  success (tether server: also after a drain on SIGTERM)
+  1  failed: could not start, stopped on an error, or (tether diagnose) a check failed
+  2  invalid invocation: an unknown command or flag, or a wrong flag, environment
+     variable, config file key or value; fix the invocation, do not retry it`
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

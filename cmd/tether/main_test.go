@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -144,6 +145,11 @@ func TestExitCodes(t *testing.T) {
 		{"client memory limit", []string{"client", "--server", "t.example.com:7000", "--token-file", "/x", "--memory-limit", "lots"}, exitUsage, `--memory-limit: size "lots"`},
 		{"server memory limit", []string{"server", "--memory-limit", "0"}, exitUsage, "--memory-limit 0"},
 		{"version", []string{"version"}, exitOK, ""},
+		{"version as yaml", []string{"version", "-o", "yaml"}, exitUsage, `--output "yaml"`},
+		{"no command", nil, exitOK, ""},
+		{"unknown command", []string{"frobnicate"}, exitUsage, `unknown command "frobnicate" for "tether"`},
+		{"unknown command, suggested", []string{"serve"}, exitUsage, "Did you mean 'tether server'?"},
+		{"unknown token command", []string{"token", "revoke-all"}, exitUsage, `unknown command "revoke-all" for "tether token"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -152,6 +158,43 @@ func TestExitCodes(t *testing.T) {
 				t.Errorf("exit %d, stderr %q; want exit %d and a message containing %q", code, stderr, tc.code, tc.want)
 			}
 		})
+	}
+}
+
+// The exit codes are documented once, in exitCodesHelp: tether --help
+// prints it, and the operations guide quotes it as it is.
+func TestExitCodesDocumented(t *testing.T) {
+	_, stdout, _ := runTether(t, nil, runners{}, "--help")
+	if !strings.Contains(stdout, exitCodesHelp) {
+		t.Errorf("tether --help does not list the exit codes:\n%s", stdout)
+	}
+	doc, err := os.ReadFile(filepath.Join("..", "..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(doc), exitCodesHelp) {
+		t.Errorf("docs/operations.md does not quote the exit codes of tether --help:\n%s", exitCodesHelp)
+	}
+}
+
+// tether version -o json prints one object with the stable keys.
+func TestVersionJSON(t *testing.T) {
+	code, stdout, stderr := runTether(t, nil, runners{}, "version", "-o", "json")
+	if code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	var got map[string]any
+	dec := json.NewDecoder(strings.NewReader(stdout))
+	if err := dec.Decode(&got); err != nil || dec.More() {
+		t.Fatalf("stdout is not one JSON object (%v):\n%s", err, stdout)
+	}
+	for _, k := range []string{"version", "frp_version", "go_version", "platform"} {
+		if s, _ := got[k].(string); s == "" {
+			t.Errorf("key %q is %v; want a non-empty string", k, got[k])
+		}
+	}
+	if v, _ := got["frp_version"].(string); !strings.HasPrefix(v, "v") {
+		t.Errorf("frp_version %q; want the module version of frp from the build information", v)
 	}
 }
 

@@ -75,7 +75,7 @@ Every flag can also be set in the YAML file named by --config (same key names)
 or as an environment variable TETHER_<FLAG_IN_UPPER_SNAKE_CASE>; flags win over
 the environment, the environment over the file.
 
-Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
+` + exitCodesHelp,
 		SilenceUsage:  true,
 		SilenceErrors: true,
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
@@ -102,6 +102,7 @@ Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return &usageError{err: err, hint: fmt.Sprintf("Run '%s --help' for usage.", cmd.CommandPath())}
 	})
+	groupCommands(root)
 	root.AddCommand(
 		NewCmdServer(f, run.server),
 		NewCmdClient(f, run.client),
@@ -112,6 +113,24 @@ Exit codes: 0 success, 1 failed, 2 invalid invocation or configuration.`,
 		NewCmdVersion(f),
 	)
 	return root
+}
+
+// groupCommands makes cmd, a command that only groups subcommands, answer an
+// argument that names none of them with an invalid invocation (exit 2), and
+// no argument with its help. Cobra's own answer is exit 1 at the root and
+// the help with exit 0 below it.
+func groupCommands(cmd *cobra.Command) {
+	cmd.Args = cobra.ArbitraryArgs
+	cmd.RunE = func(cmd *cobra.Command, args []string) error {
+		if len(args) == 0 {
+			return cmd.Help()
+		}
+		hint := fmt.Sprintf("Run '%s --help' for the commands.", cmd.CommandPath())
+		if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+			hint = fmt.Sprintf("Did you mean '%s %s'? %s", cmd.CommandPath(), s[0], hint)
+		}
+		return &usageError{err: fmt.Errorf("unknown command %q for %q", args[0], cmd.CommandPath()), hint: hint}
+	}
 }
 
 // reportsConfigErrors annotates a command that reports configuration

@@ -41,8 +41,9 @@ replicas that hold it. Names and globs filter as above.
 Without --admin, ask the tether client at --health-addr (/status) and print its
 state: server, transport, login, last error, reconnects, routes and sessions.
 It is the client's own flag, so in a client container configured with
-TETHER_HEALTH_ADDR=0.0.0.0:8081, "kubectl exec POD -c tether -- tether status"
-needs no flags (a wildcard host is dialled on loopback).
+TETHER_HEALTH_ADDR=0.0.0.0:8081 (the charts name it tether-client),
+"kubectl exec POD -c tether-client -- tether status" needs no flags (a
+wildcard host is dialled on loopback).
 
 -o wide adds TRANSPORT, ROUTE, TOKEN-EXPIRES, REQUESTS, SESSION (its first 8
 characters) and REPLICA to the server's table, the holders' PEER-ADDRESSES to

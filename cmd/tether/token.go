@@ -15,8 +15,8 @@ func NewCmdToken(f *Factory) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "token",
 		Short: "Make signing keys and issue tunnel tokens",
-		Args:  cobra.NoArgs,
 	}
+	groupCommands(cmd)
 	cmd.AddCommand(NewCmdTokenKeygen(f, nil), NewCmdTokenIssue(f, nil))
 	return cmd
 }

@@ -34,7 +34,7 @@ type RedisServer struct {
 	bin  string
 	dir  string
 	args []string
-	out  *syncBuffer
+	out  *SyncBuffer
 
 	mu     sync.Mutex
 	cmd    *exec.Cmd
@@ -59,7 +59,7 @@ func NewRedisServer(t testing.TB, extra ...string) *RedisServer {
 	if err != nil {
 		t.Fatal("redis-server is not on PATH; this test runs a real Redis: install it (Debian/Ubuntu: apt-get install redis-server)")
 	}
-	s := &RedisServer{t: t, bin: bin, dir: t.TempDir(), Addr: FreeAddr(t), args: extra, out: &syncBuffer{}}
+	s := &RedisServer{t: t, bin: bin, dir: t.TempDir(), Addr: FreeAddr(t), args: extra, out: &SyncBuffer{}}
 	for i, a := range extra {
 		if a == "--requirepass" && i+1 < len(extra) {
 			s.Password = extra[i+1]
@@ -169,18 +169,19 @@ func (s *RedisServer) ping() error {
 	return nil
 }
 
-type syncBuffer struct {
+// SyncBuffer collects a process's output; safe for concurrent use.
+type SyncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
 }
 
-func (b *syncBuffer) Write(p []byte) (int, error) {
+func (b *SyncBuffer) Write(p []byte) (int, error) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.Write(p)
 }
 
-func (b *syncBuffer) String() string {
+func (b *SyncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()

@@ -49,9 +49,11 @@ import (
 	frpauth "github.com/fatedier/frp/pkg/auth"
 	v1 "github.com/fatedier/frp/pkg/config/v1"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"go.uber.org/zap"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/tether-dev/tether/internal/version"
 	"github.com/tether-dev/tether/proxy"
 )
 
@@ -247,6 +249,7 @@ func New(cfg Config, log *zap.Logger) (*Client, error) {
 	}
 	c.status = newStatus(name, cfg.Server, cfg.Transport, routes, cfg.Connections, time.Now())
 	reg.MustRegister(c.status.collectors()...)
+	reg.MustRegister(version.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return c, nil
 }
 

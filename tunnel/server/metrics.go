@@ -5,6 +5,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
 	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/internal/version"
 	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
@@ -113,6 +114,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		tunnelCollector{sessions: sessions},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+		version.Collector(),
 	)
 	return m
 }

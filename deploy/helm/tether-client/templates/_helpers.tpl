@@ -1,8 +1,10 @@
 {{/*
-The helpers take a context with .Values (this chart's values) and .Release,
-so that they work both in this chart and when a runtime chart includes the
-sidecar with (dict "Values" (index .Values "tether-client") "Release" .Release).
-That is why the chart name is spelt out instead of read from .Chart.
+The helpers take a context with .Values (this chart's values), .Release and
+.Chart, so that they work both in this chart and when a runtime chart
+includes the sidecar with (index .Subcharts "tether-client"), this chart's
+own context. The chart name is spelt out instead of read from .Chart, as the
+older form of the include, (dict "Values" (index .Values "tether-client")
+"Release" .Release), has no .Chart.
 */}}
 
 {{/* Chart name, overridable. */}}
@@ -48,9 +50,16 @@ app.kubernetes.io/component: tunnel-client
 {{- end }}
 {{- end }}
 
-{{/* The image; without a tag, this chart's appVersion. */}}
+{{/* The image; without a tag, this chart's appVersion: the release's tag. */}}
 {{- define "tether-client.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default "0.1.0" .Values.image.tag) }}
+{{- $tag := .Values.image.tag }}
+{{- if and (not $tag) (hasKey . "Chart") }}
+{{- $tag = .Chart.AppVersion }}
+{{- end }}
+{{- if not $tag }}
+{{- fail "tether-client: include the sidecar with (index .Subcharts \"tether-client\") so that it knows its chart's appVersion, the image tag; or set tether-client.image.tag" }}
+{{- end }}
+{{- printf "%s:%s" .Values.image.repository $tag }}
 {{- end }}
 
 {{- define "tether-client.tokenSecretName" -}}

@@ -3,16 +3,31 @@ The tether client as a container, for this chart's Deployment and for a
 runtime chart's pod (the sidecar). In a chart that depends on tether-client:
 
   containers:
-    {{- include "tether-client.container" (dict "Values" (index .Values "tether-client") "Release" .Release) | nindent 4 }}
+    {{- include "tether-client.container" (index .Subcharts "tether-client") | nindent 4 }}
   volumes:
-    {{- include "tether-client.volumes" (dict "Values" (index .Values "tether-client") "Release" .Release) | nindent 4 }}
+    {{- include "tether-client.volumes" (index .Subcharts "tether-client") | nindent 4 }}
 
 Both render YAML list items. The container runs as the nonroot user with a
-read-only root filesystem, whatever the host pod's securityContext says. Its
-settings are TETHER_* environment variables, so in the running pod
-`kubectl exec POD -c tether-client -- tether diagnose` (or `tether status`)
-needs no arguments.
+read-only root filesystem (and an emptyDir at /tmp), whatever the host pod's
+securityContext says. Its settings are TETHER_* environment variables, so in
+the running pod `kubectl exec POD -c tether-client -- tether diagnose` (or
+`tether status`) needs no arguments.
+
+Readiness (probes.readiness.mode): by default, in the client's own
+Deployment (ownDeployment in the context) the container is ready while the
+tunnel is logged in (/readyz), so a rolling update waits for the new pod's
+login; as a sidecar it is ready while the process runs (/healthz): the
+runtime's pod must not turn NotReady, and its rollouts stall, because of the
+platform.
 */}}
+{{- define "tether-client.readinessPath" -}}
+{{- $mode := .Values.probes.readiness.mode | default (ternary "tunnel" "process" (hasKey . "ownDeployment")) }}
+{{- if eq $mode "tunnel" }}/readyz
+{{- else if eq $mode "process" }}/healthz
+{{- else }}
+{{- fail (printf "probes.readiness.mode %q is not one of tunnel, process or \"\"" $mode) }}
+{{- end }}
+{{- end }}
 {{- define "tether-client.container" -}}
 - name: tether-client
   image: {{ include "tether-client.image" . }}
@@ -44,7 +59,7 @@ needs no arguments.
     failureThreshold: {{ .Values.probes.liveness.failureThreshold }}
   readinessProbe:
     httpGet:
-      path: /readyz
+      path: {{ include "tether-client.readinessPath" . }}
       port: {{ .Values.health.port }}
     periodSeconds: {{ .Values.probes.readiness.periodSeconds }}
     failureThreshold: {{ .Values.probes.readiness.failureThreshold }}
@@ -63,6 +78,8 @@ needs no arguments.
     {{- toYaml . | nindent 4 }}
   {{- end }}
   volumeMounts:
+    - name: tether-tmp
+      mountPath: /tmp
     - name: tether-token
       mountPath: {{ include "tether-client.tokenDir" . }}
       readOnly: true
@@ -74,6 +91,9 @@ needs no arguments.
 {{- end }}
 
 {{- define "tether-client.volumes" -}}
+- name: tether-tmp
+  emptyDir:
+    sizeLimit: 64Mi
 - name: tether-token
   secret:
     secretName: {{ include "tether-client.tokenSecretName" . }}

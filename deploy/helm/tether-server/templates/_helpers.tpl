@@ -62,6 +62,28 @@ app.kubernetes.io/component: server
 {{- default (printf "%s-peer" (include "tether-server.fullname" .)) .Values.peerSecret.existingSecret }}
 {{- end }}
 
+{{/*
+A secret the chart makes, base64-encoded, for a Secret named .name whose key
+.key holds it. Only with generateSecrets: otherwise it fails with .what,
+since a random value differs at every `helm template`, and a GitOps tool
+that renders with it would restart the pods (and split the replicas' peer
+secret) at every sync. With generateSecrets the value is random once and
+kept: the chart looks the installed Secret up (which `helm template` and
+--dry-run cannot).
+*/}}
+{{- define "tether-server.generated" -}}
+{{- if not .ctx.Values.generateSecrets }}
+{{- fail (printf "%s; or set generateSecrets=true to let the chart make a random one (not with GitOps tools that render with helm template: they would make a new one at every sync)" .what) }}
+{{- end }}
+{{- $value := randAlphaNum 48 | b64enc }}
+{{- with lookup "v1" "Secret" .ctx.Release.Namespace .name }}
+{{- with index .data $.key }}
+{{- $value = . }}
+{{- end }}
+{{- end }}
+{{- $value }}
+{{- end }}
+
 {{/* The trial Redis (redis.enabled): its name (Deployment, Service, Secret)
 and the labels that select its pod. */}}
 {{- define "tether-server.redisName" -}}
@@ -138,9 +160,6 @@ refuse at start, with the value to change. */}}
 {{- if gt (int .Values.replicaCount) 1 }}
 {{- fail (printf "replicaCount is %d, but more than one replica needs a registry the replicas share, so that each serves the tunnels the others hold: set registry.url=redis://HOST:6379 (or registry.urlSecret.name), or redis.enabled=true to try it out; or replicaCount=1" (int .Values.replicaCount)) }}
 {{- end }}
-{{- end }}
-{{- if hasKey .Values.podDisruptionBudget "minAvailable" }}
-{{- fail "podDisruptionBudget.minAvailable is no longer a value: the budget is podDisruptionBudget.maxUnavailable (default 1), so replicas drain one at a time" }}
 {{- end }}
 {{- end }}
 
