@@ -1,7 +1,6 @@
 package test
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -80,21 +79,8 @@ func TestHASessionsSpreadAfterRollingRestart(t *testing.T) {
 // sessionReplicas returns the replicas of a client's sessions by state,
 // from its /status.
 func sessionReplicas(c *client) (map[string][]string, error) {
-	r, err := httpc.Get("http://" + c.healthAddr + "/status")
+	st, err := c.status()
 	if err != nil {
-		return nil, err
-	}
-	defer r.Body.Close()
-	if r.StatusCode != http.StatusOK {
-		return nil, fmt.Errorf("/status: %s", r.Status)
-	}
-	var st struct {
-		Sessions []struct {
-			Replica string `json:"replica"`
-			State   string `json:"state"`
-		} `json:"sessions"`
-	}
-	if err := json.NewDecoder(r.Body).Decode(&st); err != nil {
 		return nil, err
 	}
 	out := map[string][]string{}

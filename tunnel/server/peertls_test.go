@@ -30,82 +30,6 @@ import (
 	"github.com/tether-dev/tether/proxy"
 )
 
-// tap is a TCP relay on loopback in front of target that records what
-// passes each way: what a machine on the cluster network between two
-// replicas sees.
-type tap struct {
-	ln     net.Listener
-	target string
-
-	mu       sync.Mutex
-	sent     bytes.Buffer // from the dialing side to target
-	received bytes.Buffer // back
-	conns    sync.WaitGroup
-}
-
-func newTap(t testing.TB, target string) *tap {
-	tp := &tap{ln: listen(t), target: target}
-	go tp.accept()
-	t.Cleanup(func() { _ = tp.ln.Close(); tp.conns.Wait() })
-	return tp
-}
-
-func (tp *tap) addr() string { return tp.ln.Addr().String() }
-
-func (tp *tap) accept() {
-	for {
-		in, err := tp.ln.Accept()
-		if err != nil {
-			return
-		}
-		out, err := net.Dial("tcp", tp.target)
-		if err != nil {
-			_ = in.Close()
-			continue
-		}
-		tp.conns.Go(func() { tp.pump(out, in, &tp.sent) })
-		tp.conns.Go(func() { tp.pump(in, out, &tp.received) })
-	}
-}
-
-func (tp *tap) pump(dst, src net.Conn, record *bytes.Buffer) {
-	defer dst.Close()
-	defer src.Close()
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := src.Read(buf)
-		if n > 0 {
-			tp.mu.Lock()
-			record.Write(buf[:n])
-			tp.mu.Unlock()
-			if _, werr := dst.Write(buf[:n]); werr != nil {
-				return
-			}
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-// recorded returns copies of what passed each way so far.
-func (tp *tap) recorded() (sent, received []byte) {
-	tp.mu.Lock()
-	defer tp.mu.Unlock()
-	return bytes.Clone(tp.sent.Bytes()), bytes.Clone(tp.received.Bytes())
-}
-
-// startReplicaAt starts a replica of fleet f named id, listening for peers
-// on peer and telling the other replicas to reach it at advertise.
-func startReplicaAt(t testing.TB, f *fleet, k *keys, id string, peer net.Listener, advertise string, mutate ...func(*Config)) *testServer {
-	t.Helper()
-	secret := filepath.Join(t.TempDir(), "peer-secret")
-	writeFile(t, secret, peerSecretForTests)
-	reg := f.replica(id, advertise)
-	return startServerWith(t, serverSetup{keys: k, log: zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)), opts: []Option{WithRegistry(reg)}, peer: peer},
-		append([]func(*Config){func(c *Config) { c.ReplicaID, c.PeerSecretFile = id, secret }}, mutate...)...)
-}
-
 // What one replica forwards to another crosses the cluster network
 // encrypted and bound to its connection: a tap between the two sees no
 // caller's cookie, token or body, and the bytes it recorded, sent again to
@@ -113,7 +37,7 @@ func startReplicaAt(t testing.TB, f *fleet, k *keys, id string, peer net.Listene
 func TestPeerTapSeesNothingAndReplaysNothing(t *testing.T) {
 	f, k := newFleet(), newKeys(t)
 	peerA := listen(t)
-	tp := newTap(t, peerA.Addr().String())
+	tp := newRelay(t, peerA.Addr().String())
 	a := startReplicaAt(t, f, k, "a", peerA, tp.addr())
 	b := startReplica(t, f, k, "b")
 	var reached atomic.Int32
@@ -127,12 +51,7 @@ func TestPeerTapSeesNothingAndReplaysNothing(t *testing.T) {
 	}))
 	a.runClient(t, "alpha", a.tunnel, 1, be.URL)
 	a.waitSessions(t, "alpha", 1)
-	testutil.WaitFor(t, 5*time.Second, func() error {
-		if len(b.registry.Holders("alpha")) != 1 {
-			return fmt.Errorf("replica b does not see alpha's holder")
-		}
-		return nil
-	})
+	b.waitHolders(t, "alpha", 1)
 
 	const (
 		cookie = "session=cookie-of-the-caller"
@@ -296,12 +215,7 @@ func TestUpstreamCannotFakeAPeerMiss(t *testing.T) {
 	c.runClient(t, "alpha", c.tunnel, 1, be.URL)
 	a.waitSessions(t, "alpha", 1)
 	c.waitSessions(t, "alpha", 1)
-	testutil.WaitFor(t, 5*time.Second, func() error {
-		if n := len(b.registry.Holders("alpha")); n != 2 {
-			return fmt.Errorf("replica b sees %d holders of alpha, want 2", n)
-		}
-		return nil
-	})
+	b.waitHolders(t, "alpha", 2)
 	for i := range 4 { // b takes the holders in turn: each is first at least once
 		req, _ := http.NewRequest(http.MethodDelete, b.entry+"/item", nil)
 		req.Host = "alpha." + testDomain
@@ -400,12 +314,7 @@ func TestPeerCertificatesFromFiles(t *testing.T) {
 	b := startReplica(t, f, k, "b", fromFiles(otherCA, dirB))
 	a.runClient(t, "alpha", a.tunnel, 1, backend(t, "alpha").URL)
 	a.waitSessions(t, "alpha", 1)
-	testutil.WaitFor(t, 5*time.Second, func() error {
-		if len(b.registry.Holders("alpha")) != 1 {
-			return fmt.Errorf("replica b does not see alpha's holder")
-		}
-		return nil
-	})
+	b.waitHolders(t, "alpha", 1)
 	if code, body, h := b.get(t, "alpha", "/"); code != http.StatusBadGateway || h.Get(proxy.ErrorHeader) != "replica_unreachable" {
 		t.Errorf("from a replica whose certificate another CA issued: %d %q, want 502 replica_unreachable", code, body)
 	}
@@ -550,36 +459,12 @@ func TestPeerSecretChecked(t *testing.T) {
 	}
 }
 
-// The peer channel's flags are checked together: a peer port needs
-// credentials, from the secret or from all three files, not both.
-func TestPeerConfigValidate(t *testing.T) {
-	base := Config{TunnelAddr: ":7000", HTTPAddr: ":8080", AdminAddr: "127.0.0.1:7700", Domain: "tunnels.example.com",
-		Registry: "redis://redis:6379/0", ReplicaID: "a", PeerAddr: "10.0.0.1:7443"}
-	files := func(c *Config) { c.PeerTLSCertFile, c.PeerTLSKeyFile, c.PeerTLSCAFile = "tls.crt", "tls.key", "ca.crt" }
-	for _, tc := range []struct {
-		name   string
-		mutate func(*Config)
-		want   string // substring of the error; "" = valid
-	}{
-		{"the secret", func(c *Config) { c.PeerSecretFile = "peer-secret" }, ""},
-		{"files", files, ""},
-		{"neither", func(*Config) {}, "--peer-secret-file is required with --registry redis://redis:6379/0"},
-		{"both", func(c *Config) { files(c); c.PeerSecretFile = "peer-secret" }, "exclude each other"},
-		{"no CA", func(c *Config) { files(c); c.PeerTLSCAFile = "" }, "go together"},
-		{"a key alone", func(c *Config) { c.PeerSecretFile, c.PeerTLSKeyFile = "peer-secret", "tls.key" }, "go together"},
-		{"a peer port without a shared registry", func(c *Config) { c.Registry = "memory" }, "--peer-addr needs --peer-secret-file"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			cfg := base
-			tc.mutate(&cfg)
-			cfg.setDefaults()
-			err := cfg.Validate()
-			switch {
-			case tc.want == "" && err != nil:
-				t.Fatalf("unexpected error: %v", err)
-			case tc.want != "" && (err == nil || !strings.Contains(err.Error(), tc.want)):
-				t.Fatalf("error %v, want one that says %q", err, tc.want)
-			}
-		})
-	}
+// replicaOf makes c one of several replicas, without peer credentials.
+func replicaOf(c *Config) {
+	c.Registry, c.ReplicaID, c.PeerAddr = "redis://redis:6379/0", "a", "10.0.0.1:7443"
+}
+
+// peerFiles gives c peer certificate files.
+func peerFiles(c *Config) {
+	c.PeerTLSCertFile, c.PeerTLSKeyFile, c.PeerTLSCAFile = "tls.crt", "tls.key", "ca.crt"
 }
