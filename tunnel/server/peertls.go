@@ -85,8 +85,8 @@ const (
 	// minPeerSecretBytes is the shortest peer secret accepted.
 	minPeerSecretBytes = 16
 	// maxPeerResponseHeaderBytes bounds a response head read from another
-	// replica: that replica bounds what it passes on from its tunnels
-	// below this.
+	// replica, instead of Go's 10 MiB: the other replica passes on heads
+	// that the upstreams of its tunnels wrote.
 	maxPeerResponseHeaderBytes = 64 << 10
 )
 
@@ -198,7 +198,10 @@ func (p *peerTLS) current() *peerCredentials {
 
 func (p *peerTLS) reloadLocked(now time.Time) {
 	stamp, err := fileStamp(p.files()...)
-	if err == nil && (stamp == p.stamp || stamp == p.failed) {
+	if err != nil {
+		stamp = "unreadable: " + err.Error() // logged once, as a broken file is
+	}
+	if stamp == p.stamp || stamp == p.failed {
 		return
 	}
 	var creds *peerCredentials
@@ -206,10 +209,8 @@ func (p *peerTLS) reloadLocked(now time.Time) {
 		creds, err = p.load(now)
 	}
 	if err != nil {
-		if stamp != p.failed || stamp == "" {
-			p.log.Error("reload the peer channel's credentials failed; the previous ones stay in force",
-				zap.String("from", p.source()), zap.Error(err))
-		}
+		p.log.Error("reload the peer channel's credentials failed; the previous ones stay in force",
+			zap.String("from", p.source()), zap.Error(err))
 		p.failed = stamp
 		return
 	}
