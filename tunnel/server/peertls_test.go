@@ -468,3 +468,23 @@ func replicaOf(c *Config) {
 func peerFiles(c *Config) {
 	c.PeerTLSCertFile, c.PeerTLSKeyFile, c.PeerTLSCAFile = "tls.crt", "tls.key", "ca.crt"
 }
+
+// A response head read from another replica is bounded: a forwarding
+// replica does not read a head past maxPeerResponseHeaderBytes (Go's
+// default would take 10 MiB), and answers 502.
+func TestPeerResponseHeadBounded(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	b := startReplica(t, f, k, "b")
+	be := newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		for i := range 10 {
+			w.Header().Set(fmt.Sprintf("X-Large-%d", i), strings.Repeat("h", maxPeerResponseHeaderBytes/8))
+		}
+	}))
+	a.runClient(t, "alpha", a.tunnel, 1, be.URL)
+	a.waitSessions(t, "alpha", 1)
+	b.waitHolders(t, "alpha", 1)
+	if code, body, _ := b.get(t, "alpha", "/"); code != http.StatusBadGateway {
+		t.Errorf("a head of %d KiB through replica b: %d %q, want 502", 10*maxPeerResponseHeaderBytes/8>>10, code, body)
+	}
+}
