@@ -54,11 +54,19 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 		return
 	}
 
-	h := w.Header()
-	copyEndToEnd(h, res.Header)
-	announced := announceTrailers(h, res.Trailer)
-	w.WriteHeader(res.StatusCode)
 	streamed := isStreamed(res)
+	// A head with a body of known length waits for the body's first bytes
+	// (copyBody writes it): Go's server would hold it unsent until then
+	// anyway, and a body that fails before any arrives (the tunnel session
+	// died between the two) is then answered like any failed exchange,
+	// with a 502, rather than by a connection closed without a word.
+	var pending *http.Response
+	announced := 0
+	if streamed || res.Body == http.NoBody {
+		announced = writeHead(w, res)
+	} else {
+		pending = res
+	}
 	if streamed {
 		// The caller gets the head as the upstream sent it: an event
 		// stream may send nothing more for minutes. Flushed here, not in
@@ -67,11 +75,18 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 		// the stream's life (BENCHMARKS.md, slow streams).
 		_ = http.NewResponseController(w).Flush()
 	}
-	if err := rt.copyBody(w, res.Body, streamed); err != nil {
+	if err := rt.copyBody(w, res.Body, streamed, pending); err != nil {
 		res.Body.Close()
+		if errors.Is(err, errNoHead) {
+			rt.handleError(w, out, err)
+			return
+		}
 		// The response is under way: all that is left is to abort it, so
-		// that the caller sees it cut short rather than complete.
+		// that the caller sees it cut short rather than complete. What Go's
+		// server holds of it goes first: aborted, it would drop a head that
+		// had not left yet, and the caller would get nothing at all.
 		if in.Context().Value(http.ServerContextKey) != nil {
+			_ = http.NewResponseController(w).Flush()
 			panic(http.ErrAbortHandler)
 		}
 		return
@@ -307,13 +322,30 @@ func isStreamed(res *http.Response) bool {
 	return res.ContentLength == -1 || isEventStream(res.Header.Get("Content-Type"))
 }
 
+// writeHead writes res's head to w and returns the number of trailers it
+// announced.
+func writeHead(w http.ResponseWriter, res *http.Response) (announced int) {
+	h := w.Header()
+	copyEndToEnd(h, res.Header)
+	announced = announceTrailers(h, res.Trailer)
+	w.WriteHeader(res.StatusCode)
+	return announced
+}
+
+// errNoHead: a response body failed before its head was written, so the
+// caller may still be answered.
+var errNoHead = errors.New("response body failed before its first byte")
+
 // copyBody copies a response body to w, flushing every write of a stream.
+// With head set, it writes head's head first, just before the body's first
+// bytes (or at its end, when it has none): a body that fails before then
+// returns an error that wraps errNoHead, and nothing was written.
 //
 // It reads into a small buffer, and into a large one while the body has
 // more ready than the small one holds. Once it has read what the upstream
 // sent so far, it waits for the next bytes holding no buffer: a stream that
 // trickles (an event stream open for hours) holds one only while it copies.
-func (rt *route) copyBody(w http.ResponseWriter, body io.Reader, stream bool) error {
+func (rt *route) copyBody(w http.ResponseWriter, body io.Reader, stream bool, head *http.Response) error {
 	var rc *http.ResponseController
 	if stream {
 		rc = http.NewResponseController(w)
@@ -324,6 +356,15 @@ func (rt *route) copyBody(w http.ResponseWriter, body io.Reader, stream bool) er
 	for {
 		b := buf.Bytes()
 		n, rerr := body.Read(b)
+		if head != nil {
+			if n == 0 && rerr != nil && !errors.Is(rerr, io.EOF) {
+				return fmt.Errorf("%w: %w", errNoHead, rerr)
+			}
+			if n > 0 || rerr != nil {
+				writeHead(w, head) // a body of known length announces no trailers
+				head = nil
+			}
+		}
 		if n > 0 {
 			if _, err := w.Write(b[:n]); err != nil {
 				return err

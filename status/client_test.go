@@ -240,3 +240,25 @@ func TestHealthErrors(t *testing.T) {
 		})
 	}
 }
+
+// A slot that shares its replica with another says so, and when it next
+// tries to reach another replica.
+func TestClientSessionsSharingAReplica(t *testing.T) {
+	snap := loggedIn
+	snap.Sessions = []client.SessionState{
+		{Slot: 0, Replica: "tether-server-0", Session: "5f0c", State: "ready", Since: timeAt(-time.Minute), Via: "direct", SharesReplicaWith: []int{1}},
+		{Slot: 1, Replica: "tether-server-0", Session: "77ab", State: "ready", Since: timeAt(-30 * time.Second), Via: "direct", SharesReplicaWith: []int{0}, NextTry: timeAt(12 * time.Second)},
+	}
+	out, err := showClient(t, healthAPI(t, snap), Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `Sessions:
+  SLOT   REPLICA           STATE   SINCE   VIA      NOTE
+  0      tether-server-0   ready   60s     direct   shares its replica with slot 1
+  1      tether-server-0   ready   30s     direct   shares its replica with slot 0; tries another in 12s
+`
+	if !strings.HasSuffix(out, want) {
+		t.Errorf("client status:\n%s\nwant it to end with:\n%s", out, want)
+	}
+}

@@ -139,6 +139,10 @@ func (p Printer) sessions(list []client.SessionState, now time.Time) error {
 	if p.Format == Wide {
 		header += "\tSESSION\tLAST ERROR"
 	}
+	notes := slices.ContainsFunc(list, func(s client.SessionState) bool { return len(s.SharesReplicaWith) > 0 })
+	if notes {
+		header += "\tNOTE"
+	}
 	fmt.Fprintln(tw, header)
 	for _, s := range list {
 		age := none
@@ -149,9 +153,32 @@ func (p Printer) sessions(list []client.SessionState, now time.Time) error {
 		if p.Format == Wide {
 			fmt.Fprintf(tw, "\t%s\t%s", field(s.Session), field(s.LastError))
 		}
+		if notes {
+			fmt.Fprintf(tw, "\t%s", sharing(s, now))
+		}
 		fmt.Fprintln(tw)
 	}
 	return tw.Flush()
+}
+
+// sharing says which slots a session shares its replica with, and when its
+// slot next tries to reach another replica.
+func sharing(s client.SessionState, now time.Time) string {
+	if len(s.SharesReplicaWith) == 0 {
+		return ""
+	}
+	slots := make([]string, len(s.SharesReplicaWith))
+	for i, o := range s.SharesReplicaWith {
+		slots[i] = strconv.Itoa(o)
+	}
+	note := "shares its replica with slot " + strings.Join(slots, ", ")
+	if len(slots) > 1 {
+		note = "shares its replica with slots " + strings.Join(slots, ", ")
+	}
+	if s.NextTry != nil {
+		note += "; tries another in " + human.Age(max(s.NextTry.Sub(now), 0))
+	}
+	return note
 }
 
 func newTabWriter(w io.Writer) *tabwriter.Writer {

@@ -39,6 +39,9 @@ type ServerOptions struct {
 	PeerAddr             string
 	PeerAdvertiseAddr    string
 	PeerSecretFile       string
+	PeerTLSCert          string
+	PeerTLSKey           string
+	PeerTLSCA            string
 	MaxSessionsPerTunnel int
 	MaxRequestsPerTunnel int
 	MaxHTTPConnections   int
@@ -68,7 +71,9 @@ A tunnel may have several sessions: several client processes, each with
 --connections sessions; requests are spread over them. Several replicas can
 serve one domain behind an L4 load balancer: they share --registry (Redis),
 and each forwards a request for a tunnel it does not hold to a replica that
-does, over --peer-addr, authenticated with --peer-secret-file.
+does, over --peer-addr: TLS with mutual authentication, by certificates
+made from --peer-secret-file (or read from --peer-tls-cert, --peer-tls-key
+and --peer-tls-ca).
 
 On SIGTERM the server drains: readiness fails, no new clients are accepted,
 tether clients move to other replicas before their sessions here close, and
@@ -118,7 +123,10 @@ connections not yet logged in are capped (1024 in all, and
 	fl.StringVar(&opts.ReplicaID, "replica-id", "", "this replica's name among the others, e.g. the pod name (default: the hostname)")
 	fl.StringVar(&opts.PeerAddr, "peer-addr", "", "listener for requests other replicas forward here, e.g. 0.0.0.0:7443 (required with a Redis --registry)")
 	fl.StringVar(&opts.PeerAdvertiseAddr, "peer-advertise-addr", "", "HOST:PORT the other replicas dial to reach --peer-addr, e.g. $(POD_IP):7443, an IPv6 address with or without brackets (default --peer-addr; required when that is a wildcard)")
-	fl.StringVar(&opts.PeerSecretFile, "peer-secret-file", "", "file holding the secret all replicas share; a forwarded request without it never reaches a tunnel (required with a Redis --registry)")
+	fl.StringVar(&opts.PeerSecretFile, "peer-secret-file", "", "file holding the secret all replicas share (at least 16 random bytes; one a line while rotating: the first signs, all are trusted); the peer port's TLS certificates are made from it, so only replicas that hold it forward to each other (required with a Redis --registry, unless --peer-tls-* are given); re-read when it changes")
+	fl.StringVar(&opts.PeerTLSCert, "peer-tls-cert", "", "this replica's peer certificate (PEM, for server and client authentication), instead of one made from --peer-secret-file, e.g. from cert-manager; re-read when it changes")
+	fl.StringVar(&opts.PeerTLSKey, "peer-tls-key", "", "the private key of --peer-tls-cert (PEM)")
+	fl.StringVar(&opts.PeerTLSCA, "peer-tls-ca", "", "the CA (PEM) that signs every replica's --peer-tls-cert, and nothing else: the peer port admits a replica whose certificate chains to it")
 	fl.StringVar(&opts.MemoryLimit, "memory-limit", "", memoryLimitHelp)
 	return cmd
 }
@@ -160,6 +168,9 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 		PeerAddr:             opts.PeerAddr,
 		PeerAdvertiseAddr:    opts.PeerAdvertiseAddr,
 		PeerSecretFile:       opts.PeerSecretFile,
+		PeerTLSCertFile:      opts.PeerTLSCert,
+		PeerTLSKeyFile:       opts.PeerTLSKey,
+		PeerTLSCAFile:        opts.PeerTLSCA,
 	}, verifier, log)
 	if err != nil {
 		return invalid(err)

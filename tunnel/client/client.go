@@ -23,13 +23,16 @@
 //
 // Each session belongs to a slot (slot.go), which reconnects it on its own;
 // the tunnel is ready while any slot's session is logged in with its route.
-// A slot's identity is fixed for the process: run ID "<instance>-<k>" and
-// route "<tunnel>.<instance>-<k>", with a random instance ID per process. The
+// A slot logs in as run ID "<instance>-<k>" with route
+// "<tunnel>.<instance>-<k>", with a random instance ID per process, or as
+// "<instance>-<k>b" once it has moved off a shared replica (see below). The
 // server also opens streams to send notices (tunnel.Notice): the replica a
 // session landed on, after which a slot that shares its replica with
-// another slot reconnects to reach a different one (a bounded number of
-// times), and that the replica drains, after which the slot opens a
-// replacement session while the old one serves on until the server closes it.
+// another slot reconnects to reach a different one (three times at once,
+// then in rounds, with a session opened beside the one that serves, for as
+// long as it shares and the server has other replicas), and that the
+// replica drains, after which the slot opens a replacement session while
+// the old one serves on until the server closes it.
 //
 // It never dials anything but the tunnel server and the routes' upstreams.
 package client

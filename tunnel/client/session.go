@@ -29,16 +29,17 @@ import (
 // loginTimeout bounds the wait for the server's answer to a login.
 const loginTimeout = 10 * time.Second
 
-// serve runs one session of the slot on mux: it answers the streams the
-// server opens, logs in, registers the slot's route and serves until the
-// session or ctx ends.
-func (s *slot) serve(ctx context.Context, mux *yamux.Session, ss *sessionState) outcome {
+// serve runs one session of the slot: it answers the streams the server
+// opens, logs in, registers the session's route and serves until the
+// session or ctx ends, or until it has left its slot to another.
+func (s *slot) serve(ctx context.Context, sess *session) outcome {
 	start := time.Now()
+	mux, ss := sess.mux, sess.state
 	var streams sync.WaitGroup
-	streams.Go(func() { s.serveStreams(mux, ss) })
+	streams.Go(func() { s.serveStreams(sess) })
 	var lost error
 	streams.Go(func() { lost = tunnel.KeepAlive(mux, s.c.cfg.HeartbeatTimeout) })
-	s.control(ctx, mux, ss)
+	s.control(ctx, sess)
 	_ = mux.Close()
 	streams.Wait()
 	loggedIn, moved, redial := s.c.status.onEnded(ss)
@@ -46,7 +47,7 @@ func (s *slot) serve(ctx context.Context, mux *yamux.Session, ss *sessionState) 
 	case ctx.Err() != nil, redial:
 	case moved:
 		s.log.Info("session that moved away ended", zap.String("replica", ss.replica),
-			zap.Duration("connected_for", time.Since(start)))
+			zap.Duration("connected_for", time.Since(start)), zap.Bool("left_shared_replica", !ss.moving))
 	case loggedIn:
 		s.log.Warn("disconnected from tunnel server; reconnecting",
 			zap.Duration("connected_for", time.Since(start)), zap.String("reason", describeEnd(lost)))
@@ -54,11 +55,12 @@ func (s *slot) serve(ctx context.Context, mux *yamux.Session, ss *sessionState) 
 	return outcome{loggedIn: loggedIn, moved: moved, redial: redial}
 }
 
-// control logs in on mux and runs frp's client control, which registers
-// the slot's route, until the session or ctx ends.
-func (s *slot) control(ctx context.Context, mux *yamux.Session, ss *sessionState) {
-	c := s.c
-	control, runID, err := s.login(mux)
+// control logs in on the session and runs frp's client control, which
+// registers the session's route, until the session or ctx ends, or the
+// session has left its slot to another (leave).
+func (s *slot) control(ctx context.Context, sess *session) {
+	c, mux, ss := s.c, sess.mux, sess.state
+	control, runID, err := s.login(mux, s.runIDs[ss.identity])
 	if err != nil {
 		// A session closed to land on another replica may fail its login
 		// on the way out: that is no failure of the slot.
@@ -85,10 +87,12 @@ func (s *slot) control(ctx context.Context, mux *yamux.Session, ss *sessionState
 		return
 	}
 	ctl.SetInWorkConnCallback(c.handleWorkConn)
-	ctl.Run([]v1.ProxyConfigurer{s.route.Clone()}, nil)
+	ctl.Run([]v1.ProxyConfigurer{s.routes[ss.identity].Clone()}, nil)
 	select {
 	case <-ctl.Done():
 	case <-ctx.Done():
+	case <-ss.leaveNow:
+		s.leave(ctx, ctl, sess)
 	}
 	// Close even after the control ended by itself: frp v0.71.0's Run
 	// starts the control's worker before it adds the route's proxy, and a
@@ -100,6 +104,36 @@ func (s *slot) control(ctx context.Context, mux *yamux.Session, ss *sessionState
 	<-ctl.Done()
 }
 
+// leave withdraws the session's route, so that the server sends it no new
+// request, and waits until the requests it carries have ended (the
+// server closes the idle ones), for leaveGrace at most, or until the
+// session or ctx ends.
+func (s *slot) leave(ctx context.Context, ctl *frpclient.Control, sess *session) {
+	s.log.Info("session gives its slot over to one on another replica: route withdrawn, closing once its requests end",
+		zap.String("replica", sess.state.replica))
+	_ = ctl.UpdateAllConfigurer(nil, nil)
+	grace := time.NewTimer(leaveGrace)
+	defer grace.Stop()
+	tick := time.NewTicker(leaveCheck)
+	defer tick.Stop()
+	for {
+		// Checked after a tick: frp sends the withdrawal from a goroutine
+		// of its own, which gets that moment before the session closes.
+		select {
+		case <-ctl.Done():
+			return
+		case <-ctx.Done():
+			return
+		case <-grace.C:
+			return
+		case <-tick.C:
+		}
+		if sess.dials.Load() == 0 {
+			return
+		}
+	}
+}
+
 // controlStream is a logged-in control stream: frp's control channel is
 // encrypted from here on.
 type controlStream struct {
@@ -107,10 +141,11 @@ type controlStream struct {
 	rw     msg.ReadWriter
 }
 
-// login sends frp's Login as the slot, with the token read from the token
-// file now, so a rotated token takes effect at the next login, and reads the
-// answer. runID is the run ID the server gave the session.
-func (s *slot) login(mux *yamux.Session) (_ *controlStream, runID string, _ error) {
+// login sends frp's Login as the slot, under run ID as, with the token
+// read from the token file now, so a rotated token takes effect at the
+// next login, and reads the answer. runID is the run ID the server gave the
+// session.
+func (s *slot) login(mux *yamux.Session, as string) (_ *controlStream, runID string, _ error) {
 	c := s.c
 	token, err := readToken(c.cfg.TokenFile)
 	if err != nil {
@@ -123,7 +158,7 @@ func (s *slot) login(mux *yamux.Session) (_ *controlStream, runID string, _ erro
 	} else if name != c.tunnel {
 		return nil, "", fmt.Errorf("--token-file %s now holds a token for tunnel %q, but this client serves tunnel %q: restart the client to switch tunnels", c.cfg.TokenFile, name, c.tunnel)
 	}
-	stream, runID, err := sendLogin(mux, c.frpAuth, s.runID, map[string]string{
+	stream, runID, err := sendLogin(mux, c.frpAuth, as, map[string]string{
 		auth.TokenMetaKey:    token,
 		tunnel.RoutesMetaKey: c.advertisedRoutes,
 	})

@@ -10,8 +10,10 @@ import (
 	"net/http/httptest"
 	"regexp"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -69,6 +71,7 @@ type fakeSession struct {
 	runID     string // as the client sent it
 	proxy     string // the route's name
 	subdomain string
+	withdrawn atomic.Bool // the client closed the route (frp CloseProxy)
 }
 
 func newFakeServer(t *testing.T, c *Client) *fakeServer {
@@ -140,10 +143,15 @@ func (f *fakeServer) serve(mux *yamux.Session) {
 	if err := rw.WriteMsg(&msg.NewProxyResp{ProxyName: np.ProxyName}); err != nil {
 		return
 	}
-	f.sessions <- &fakeSession{mux: mux, runID: login.RunID, proxy: np.ProxyName, subdomain: np.SubDomain}
+	fs := &fakeSession{mux: mux, runID: login.RunID, proxy: np.ProxyName, subdomain: np.SubDomain}
+	f.sessions <- fs
 	for {
-		if _, err := rw.ReadMsg(); err != nil {
+		m, err := rw.ReadMsg()
+		if err != nil {
 			return
+		}
+		if cp, ok := m.(*msg.CloseProxy); ok && cp.ProxyName == fs.proxy {
+			fs.withdrawn.Store(true)
 		}
 	}
 }
@@ -159,6 +167,25 @@ func (f *fakeServer) next() *fakeSession {
 		f.t.Fatal("no new session")
 		return nil
 	}
+}
+
+// nextWithin lets time pass, a tenth of a second at a time, until a session
+// has registered its route, and returns it with the time it took; it fails
+// the test when none has within limit.
+func (f *fakeServer) nextWithin(limit time.Duration) (*fakeSession, time.Duration) {
+	f.t.Helper()
+	start := time.Now()
+	for time.Since(start) <= limit {
+		synctest.Wait()
+		select {
+		case s := <-f.sessions:
+			return s, time.Since(start)
+		default:
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	f.t.Fatalf("no new session within %v", limit)
+	return nil, 0
 }
 
 // none fails the test when a session registered its route since the last
@@ -228,7 +255,7 @@ func startFake(t *testing.T, n int) (*Client, *fakeServer, []*fakeSession) {
 func slotOf(t *testing.T, c *Client, s *fakeSession) int {
 	t.Helper()
 	for _, sl := range c.slots {
-		if sl.runID == s.runID {
+		if slices.Contains(sl.runIDs[:], s.runID) {
 			return sl.index
 		}
 	}
@@ -318,7 +345,8 @@ func TestSlotLeavesAReplicaAnotherSlotHolds(t *testing.T) {
 }
 
 // A server that says it is the only replica (its registry is in memory)
-// spares the slots their tries: they stay side by side at once.
+// spares the slots their tries: they stay side by side at once, and for
+// good.
 func TestSlotStaysOnTheOnlyReplica(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		c, f, first := startFake(t, 2)
@@ -327,64 +355,145 @@ func TestSlotStaysOnTheOnlyReplica(t *testing.T) {
 			n.Alone = true
 			s.notice(t, n)
 		}
-		time.Sleep(time.Minute)
+		time.Sleep(10 * time.Minute)
 		synctest.Wait()
 		if first[0].closed() || first[1].closed() {
 			t.Fatal("a slot left the server's only replica")
 		}
 		f.none()
 		wantSessions(t, c, "0:only:ready", "1:only:ready")
+		if e := c.status.snapshot().Sessions[1]; e.NextTry != nil {
+			t.Errorf("/status plans a try at %v on the server's only replica", e.NextTry)
+		}
 	})
 }
 
-// Behind an address with fewer replicas than slots, a slot tries three
-// times in a row, then keeps the shared replica; landing on a replica of its
-// own starts the count again.
-func TestSlotKeepsASharedReplicaAfterThreeTries(t *testing.T) {
+// A slot whose session lands on a replica another slot holds closes it and
+// tries again at once, three times in a row; then it keeps the shared
+// replica, and keeps trying to reach another with sessions opened beside
+// the shared one (make-before-break), in rounds of three at once, each
+// round after a longer wait than the last, up to 30 s. One that lands
+// elsewhere takes the slot over once it serves, with the slot's other run
+// ID (so that one landing beside the slot's own session replaces nothing),
+// and the shared session withdraws its route and closes.
+func TestSlotKeepsTryingToLeaveASharedReplica(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
 		c, f, first := startFake(t, 2)
-		first[0].notice(t, hello("only", "s0"))
+		first[0].notice(t, hello("a", "s0"))
 		s := first[1]
 		for try := range maxRedials {
-			s.notice(t, hello("only", "s1"))
+			s.notice(t, hello("a", "s1"))
 			if !s.closed() {
 				t.Fatalf("try %d: slot 1 kept a session on the replica slot 0 holds", try+1)
 			}
 			s = f.next()
 		}
-		s.notice(t, hello("only", "s1"))
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		if s.closed() {
-			t.Fatalf("slot 1 left the shared replica a %dth time", maxRedials+1)
+		shared := s
+		shared.notice(t, hello("a", "s1"))
+		if shared.closed() {
+			t.Fatalf("slot 1 closed its session on the shared replica a %dth time", maxRedials+1)
 		}
-		f.none()
-		wantSessions(t, c, "0:only:ready", "1:only:ready")
+		wantSessions(t, c, "0:a:ready", "1:a:ready")
+		e := c.status.snapshot().Sessions[1]
+		if !slices.Equal(e.SharesReplicaWith, []int{0}) || e.NextTry == nil {
+			t.Errorf("/status of slot 1: shares replica with %v, next try %v; want slot 0 and a time", e.SharesReplicaWith, e.NextTry)
+		}
 
-		// Still in a row: a lost session that comes back to the shared
-		// replica stays there.
-		_ = s.mux.Close()
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		s = f.next()
-		s.notice(t, hello("only", "s1"))
-		if s.closed() {
-			t.Fatal("slot 1 left the shared replica after a reconnect, though it had tried three times in a row")
+		// Rounds of tries that land on replica a, each beside the shared
+		// session, which serves on.
+		var gaps []time.Duration
+		for round := range 8 {
+			for try := range maxRedials {
+				var next *fakeSession
+				if try == 0 {
+					var waited time.Duration
+					next, waited = f.nextWithin(maxSpreadDelay + time.Second)
+					gaps = append(gaps, waited)
+				} else {
+					next = f.next() // the round's tries come at once
+				}
+				if next.runID == shared.runID || slotOf(t, c, next) != 1 {
+					t.Fatalf("round %d try %d: a session of slot %d with run ID %s; want slot 1's other run ID than %s", round, try, slotOf(t, c, next), next.runID, shared.runID)
+				}
+				wantSessions(t, c, "0:a:ready", "1:a:ready", "1::spreading")
+				next.notice(t, hello("a", "try"))
+				if !next.closed() || shared.closed() {
+					t.Fatalf("round %d try %d: the try that landed on a shared replica is open %v, the shared session closed %v", round, try, !next.closed(), shared.closed())
+				}
+			}
 		}
-		// A replica of its own resets the count.
-		_ = s.mux.Close()
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		s = f.next()
-		s.notice(t, hello("other", "s1"))
-		_ = s.mux.Close()
-		time.Sleep(time.Minute)
-		synctest.Wait()
-		s = f.next()
-		s.notice(t, hello("only", "s1"))
-		if !s.closed() {
-			t.Fatal("slot 1 kept a session on the shared replica after its count was reset")
+		t.Logf("waits before each round of tries: %v", gaps)
+		if gaps[0] > minSpreadDelay || gaps[len(gaps)-1] < maxSpreadDelay/2 {
+			t.Errorf("the first round came after %v, the last after %v; want at most %v, and at least %v once the waits have grown",
+				gaps[0], gaps[len(gaps)-1], minSpreadDelay, maxSpreadDelay/2)
 		}
+
+		// A try lands on replica b: it takes the slot over, and the shared
+		// session leaves.
+		moved, _ := f.nextWithin(maxSpreadDelay + time.Second)
+		moved.notice(t, hello("b", "s2"))
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if moved.closed() {
+			t.Fatal("the session that reached replica b was closed")
+		}
+		if !shared.withdrawn.Load() || !shared.closed() {
+			t.Errorf("the session on the shared replica: route withdrawn %v, closed %v; want both", shared.withdrawn.Load(), shared.closed())
+		}
+		wantSessions(t, c, "0:a:ready", "1:b:ready")
+		if r := c.status.snapshot().Reconnects; r != 0 {
+			t.Errorf("reconnects %d after leaving a shared replica, want 0: nothing was lost", r)
+		}
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		f.none()
+
+		// The slot's run ID is now the one of the session that took it
+		// over: when that session is lost, its replacement replaces it.
+		_ = moved.mux.Close()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if again := f.next(); again.runID != moved.runID {
+			t.Errorf("the slot reconnected as %s, want %s", again.runID, moved.runID)
+		}
+	})
+}
+
+// A session that leaves a shared replica waits for the requests it carries
+// before it closes: its route is withdrawn at once, and an upstream
+// connection that was under way still gets its bytes through.
+func TestLeavingSessionFinishesItsRequests(t *testing.T) {
+	inBubble(t, func(t *testing.T) {
+		c, f, first := startFake(t, 2)
+		upstream := echoUpstream(t, c)
+		first[0].notice(t, hello("a", "s0"))
+		s := first[1]
+		for range maxRedials {
+			s.notice(t, hello("a", "s1"))
+			s = f.next()
+		}
+		shared := s
+		shared.notice(t, hello("a", "s1"))
+		stream := openDial(t, shared, upstream)
+
+		moved, _ := f.nextWithin(maxSpreadDelay + time.Second)
+		moved.notice(t, hello("b", "s2"))
+		time.Sleep(leaveGrace / 2)
+		synctest.Wait()
+		if !shared.withdrawn.Load() || shared.closed() {
+			t.Fatalf("with a connection under way, the leaving session: route withdrawn %v, closed %v; want withdrawn and open", shared.withdrawn.Load(), shared.closed())
+		}
+		wantSessions(t, c, "0:a:ready", "1:a:leaving", "1:b:ready")
+		if got := echo(t, stream, "still served"); got != "still served" {
+			t.Errorf("the leaving session's connection echoed %q", got)
+		}
+		_ = stream.Close()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if !shared.closed() {
+			t.Error("the leaving session stayed open after its last connection ended")
+		}
+		wantSessions(t, c, "0:a:ready", "1:b:ready")
 	})
 }
 
@@ -417,9 +526,11 @@ func TestMoveReplacesBeforeTheOldSessionEnds(t *testing.T) {
 # HELP tether_client_sessions Sessions by state, as /status lists them: a slot without a session of its own counts as connecting.
 # TYPE tether_client_sessions gauge
 tether_client_sessions{state="connecting"} 0
+tether_client_sessions{state="leaving"} 0
 tether_client_sessions{state="logged in"} 0
 tether_client_sessions{state="moving"} 1
 tether_client_sessions{state="ready"} 1
+tether_client_sessions{state="spreading"} 0
 `), "tether_client_sessions"); err != nil {
 			t.Error(err)
 		}
@@ -569,23 +680,47 @@ func echoUpstream(t *testing.T, c *Client) string {
 // not lose what it read ahead. It returns what came back.
 func dialThrough(t *testing.T, s *fakeSession, addr, payload string) string {
 	t.Helper()
+	stream := openDial(t, s, addr, payload)
+	defer stream.Close()
+	return read(t, stream, len(payload))
+}
+
+// openDial asks the client, on a new stream of s, for a connection to addr,
+// sends first in the same write as the request, and returns the stream
+// once the client has connected.
+func openDial(t *testing.T, s *fakeSession, addr string, first ...string) net.Conn {
+	t.Helper()
 	stream, err := s.mux.OpenStream()
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer stream.Close()
 	var req strings.Builder
 	if err := tunnel.WriteDialRequest(&req, addr); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := stream.Write([]byte(req.String() + payload)); err != nil {
+	if _, err := stream.Write([]byte(req.String() + strings.Join(first, ""))); err != nil {
 		t.Fatal(err)
 	}
 	code, reason, err := tunnel.ReadDialReply(stream)
 	if err != nil || code != tunnel.DialOK {
 		t.Fatalf("dial %s: code %d %q, %v", addr, code, reason, err)
 	}
-	got := make([]byte, len(payload))
+	return stream
+}
+
+// echo writes payload on a connection to an echo upstream and returns what
+// came back.
+func echo(t *testing.T, stream net.Conn, payload string) string {
+	t.Helper()
+	if _, err := io.WriteString(stream, payload); err != nil {
+		t.Fatal(err)
+	}
+	return read(t, stream, len(payload))
+}
+
+func read(t *testing.T, stream net.Conn, n int) string {
+	t.Helper()
+	got := make([]byte, n)
 	if _, err := io.ReadFull(stream, got); err != nil {
 		t.Fatal(err)
 	}

@@ -3,8 +3,10 @@ package client
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -28,9 +30,28 @@ const (
 	// StateMoving is a session whose server replica drains: it serves until
 	// the server closes it, while its slot's replacement comes up.
 	StateMoving = "moving"
+	// StateSpreading is a session a slot opened beside its own, which
+	// shares a replica with another slot's, to reach a replica no other
+	// slot holds: once it serves there, it takes the slot over.
+	StateSpreading = "spreading"
+	// StateLeaving is a session that gave its slot over to one on another
+	// replica: its route is withdrawn, and it closes once its requests end.
+	StateLeaving = "leaving"
 )
 
-var sessionStates = []string{StateConnecting, StateLoggedIn, StateReady, StateMoving}
+var sessionStates = []string{StateConnecting, StateLoggedIn, StateReady, StateMoving, StateSpreading, StateLeaving}
+
+// How a slot that shares its replica with another slot's session keeps
+// trying to reach another replica (spreading): a round of up to maxRedials
+// sessions in a row, each opened beside the shared one, which serves
+// meanwhile; the first that lands on a replica no other slot holds takes
+// the slot over once it serves, and the shared one then leaves. After a
+// round that reached none, the next waits twice as long as the last, from
+// minSpreadDelay up to maxSpreadDelay (jittered: half of it to all of it).
+const (
+	minSpreadDelay = time.Second
+	maxSpreadDelay = 30 * time.Second
+)
 
 // status is what the client knows about its slots and their sessions, for
 // readiness, the /status endpoint, metrics and the slots' decisions (which
@@ -45,6 +66,20 @@ type status struct {
 	connections   int // successful connections, every slot
 	failures      int
 	loginRejected int
+}
+
+// wake is how a slot learns that something that decides whether it should
+// spread changed (a session of any slot landed, became ready or ended):
+// one channel per slot, with room for one wake-up.
+func (s *status) wake(sl int) <-chan struct{} { return s.slots[sl].wake }
+
+func (s *status) wakeAllLocked() {
+	for _, st := range s.slots {
+		select {
+		case st.wake <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // slotState is one slot: its live sessions (at most two: one moving away
@@ -66,6 +101,16 @@ type slotState struct {
 	reconnects int
 	connected  bool // a session has been connected before
 	lastRedial bool // the last session to end was closed for a held replica
+	// identity is the run ID (of the slot's two) that its sessions log in
+	// with; a spreading session logs in with the other, so that landing
+	// where the slot's own session is replaces nothing, and gives the slot
+	// its run ID when it takes the slot over.
+	identity int
+	// Spreading: the tries of the current round, the rounds that reached
+	// no other replica, and when the next try is due (zero: none planned).
+	spreadTries, spreadRounds int
+	spreadAt                  time.Time
+	wake                      chan struct{}
 }
 
 // sessionState is one connection of a slot to the server.
@@ -85,38 +130,156 @@ type sessionState struct {
 	moveNow     chan struct{}
 	redial      bool // closed by the client to land on another replica
 	ended       bool
+	identity    int  // the slot's run ID it logged in with (slotState.identity)
+	alone       bool // the server said it is the only replica
+	// A spreading session (spreading) that landed on a replica no other
+	// slot holds (keep) takes the slot over once it serves: kept is closed
+	// then.
+	spreading, keep bool
+	kept            chan struct{}
+	// leaving is set, and leaveNow closed, when the session gives the slot
+	// over to a spreading one.
+	leaving  bool
+	leaveNow chan struct{}
 }
 
 func newStatus(tunnel, server, transport string, routes []proxy.Route, slots int, now time.Time) *status {
 	s := &status{tunnel: tunnel, server: server, transport: transport, routes: routes}
 	for i := range slots {
-		s.slots = append(s.slots, &slotState{index: i, idleSince: now})
+		s.slots = append(s.slots, &slotState{index: i, idleSince: now, wake: make(chan struct{}, 1)})
 	}
 	return s
 }
 
-// onConnected records a new session of slot sl, connected via via.
-func (s *status) onConnected(sl int, via string) *sessionState {
+// onConnected records a new session of slot sl, connected via via: a
+// spreading one when spreading is set. It returns the session's state,
+// which says the run ID it logs in with (identity).
+func (s *status) onConnected(sl int, via string, spreading bool) *sessionState {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st := s.slots[sl]
 	now := time.Now()
-	ss := &sessionState{slot: st, via: via, connectedAt: now, since: now, moveNow: make(chan struct{})}
+	ss := &sessionState{
+		slot: st, via: via, connectedAt: now, since: now, identity: st.identity,
+		moveNow: make(chan struct{}), kept: make(chan struct{}), leaveNow: make(chan struct{}),
+	}
 	st.sessions = append(st.sessions, ss)
+	s.connections++
+	if spreading {
+		ss.spreading, ss.identity = true, 1-st.identity
+		st.spreadAt = time.Time{}
+		return ss
+	}
 	if st.connected && !st.lastRedial {
 		st.reconnects++
 	}
 	st.connected, st.lastRedial = true, false
-	s.connections++
 	return ss
 }
 
+// onAdopted makes spreading session ss the slot's own: the slot's session
+// ended, or moves away, before ss took the slot over.
+func (s *status) onAdopted(ss *sessionState) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !ss.spreading {
+		return
+	}
+	ss.spreading, ss.keep = false, false
+	ss.slot.identity = ss.identity
+	ss.since = time.Now()
+}
+
+// onSpreadFailed records a spreading try of slot sl that could not connect.
+func (s *status) onSpreadFailed(sl int, err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.slots[sl]
+	st.lastError, st.lastErrorAt = err.Error(), time.Now()
+	s.failures++
+	s.spreadMissedLocked(st)
+}
+
+// spreadMissedLocked plans the next try after one that reached no other
+// replica: at once within a round, after the round's delay at its end.
+func (s *status) spreadMissedLocked(st *slotState) {
+	now := time.Now()
+	if st.spreadTries++; st.spreadTries < maxRedials {
+		st.spreadAt = now
+		return
+	}
+	st.spreadTries = 0
+	st.spreadAt = now.Add(spreadDelay(st.spreadRounds))
+	st.spreadRounds++
+}
+
+// spreadDelay is the wait after round rounds (from 0) reached no other
+// replica: minSpreadDelay doubled each round up to maxSpreadDelay,
+// jittered down to half of it.
+func spreadDelay(rounds int) time.Duration {
+	d := maxSpreadDelay
+	if rounds < 5 && minSpreadDelay<<rounds < maxSpreadDelay {
+		d = minSpreadDelay << rounds
+	}
+	return d/2 + rand.N(d/2+1) //nolint:gosec // jitter, not a secret
+}
+
+// planSpread returns when slot sl should next try to reach another
+// replica, and false when it should not: its session is not ready, does
+// not share its replica with a slot of a lower index (of the slots on one
+// replica, the lowest stays and the others try), or is on the server's
+// only replica, or a try is under way. A slot found sharing starts its
+// first round after minSpreadDelay at most.
+func (s *status) planSpread(sl int) (at time.Time, ok bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.slots[sl]
+	cur := st.current()
+	if cur == nil || !cur.ready() || cur.alone || !slices.ContainsFunc(s.sharersLocked(cur), func(o int) bool { return o < sl }) {
+		st.spreadTries, st.spreadRounds, st.spreadAt = 0, 0, time.Time{}
+		return time.Time{}, false
+	}
+	for _, ss := range st.sessions {
+		if ss.spreading {
+			return time.Time{}, false
+		}
+	}
+	if st.spreadAt.IsZero() {
+		st.spreadAt = time.Now().Add(spreadDelay(0))
+	}
+	return st.spreadAt, true
+}
+
+// sharersLocked returns the other slots whose sessions hold the replica of
+// ss: their own sessions, or spreading ones that will take them over. A
+// session that moves away, leaves or was closed to land elsewhere holds
+// nothing for good.
+func (s *status) sharersLocked(ss *sessionState) []int {
+	var slots []int
+	if ss.replica == "" {
+		return nil
+	}
+	for _, o := range s.slots {
+		if o == ss.slot {
+			continue
+		}
+		for _, os := range o.sessions {
+			if os.replica == ss.replica && !os.moving && !os.redial && !os.leaving && (!os.spreading || os.keep) {
+				slots = append(slots, o.index)
+				break
+			}
+		}
+	}
+	return slots
+}
+
 // onEnded forgets an ended session. It reports whether the session had
-// logged in, whether it was told to move and whether the client closed it
-// to land on another replica.
+// logged in, whether it was told to move (or gave its slot over to another
+// session) and whether the client closed it to land on another replica.
 func (s *status) onEnded(ss *sessionState) (loggedIn, moved, redial bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.wakeAllLocked()
 	st := ss.slot
 	ss.ended = true
 	for i, o := range st.sessions {
@@ -124,6 +287,13 @@ func (s *status) onEnded(ss *sessionState) (loggedIn, moved, redial bool) {
 			st.sessions = append(st.sessions[:i], st.sessions[i+1:]...)
 			break
 		}
+	}
+	switch {
+	case ss.spreading:
+		s.spreadMissedLocked(st)
+		return ss.loggedIn, false, true
+	case ss.leaving:
+		return ss.loggedIn, true, false
 	}
 	if ss.moving {
 		// The slot's later session may have been told to move meanwhile:
@@ -152,9 +322,12 @@ func (s *status) onLoggedIn(ss *sessionState) {
 }
 
 // onRoute records the server's answer to the session's route registration.
+// A spreading session that landed on a replica no other slot holds takes
+// its slot over once its route is up: the slot's own session leaves.
 func (s *status) onRoute(ss *sessionState, err error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	defer s.wakeAllLocked()
 	up := err == nil
 	if up != ss.routeUp && !ss.moving {
 		ss.since = time.Now()
@@ -163,6 +336,27 @@ func (s *status) onRoute(ss *sessionState, err error) {
 	if err != nil {
 		ss.routeError = err.Error()
 	}
+	s.takeOverLocked(ss)
+}
+
+// takeOverLocked makes spreading session ss the slot's own once it both
+// landed on a replica no other slot holds (keep) and serves there: the
+// slot's session on the shared replica leaves. The server's hello and the
+// route's registration come on different streams, in either order.
+func (s *status) takeOverLocked(ss *sessionState) {
+	if !ss.spreading || !ss.keep || !ss.ready() || ss.ended {
+		return
+	}
+	st := ss.slot
+	now := time.Now()
+	if old := st.current(); old != nil {
+		old.leaving, old.since = true, now
+		close(old.leaveNow)
+	}
+	ss.spreading, ss.keep, ss.since = false, false, now
+	st.identity = ss.identity
+	st.spreadTries, st.spreadRounds, st.spreadAt = 0, 0, time.Time{}
+	close(ss.kept)
 }
 
 // onFailed records a failed attempt of slot sl: before a session was
@@ -186,39 +380,55 @@ func (s *status) leaving(ss *sessionState) bool {
 	return ss.redial
 }
 
-// onHello records the replica and server session ID of ss. It reports
-// whether the session should leave for another replica: another slot's
-// session is on the same replica and the slot has left fewer than
-// maxRedials times in a row. holder is that other slot (-1 for none); left
-// is the replica the slot's previous sessions left, when this one stays.
-func (s *status) onHello(ss *sessionState, replica, id string, maxRedials int) (leave bool, holder int, left string) {
+// landing is where a session landed (onHello), for the slot's next step.
+type landing struct {
+	// leave: the client closes the session, which landed on a replica
+	// another slot holds, to try again.
+	leave bool
+	// holder is that other slot, or -1.
+	holder int
+	// left is the replica the slot's earlier sessions left, when this one
+	// stays.
+	left string
+	// spreading: the session was a try to leave a shared replica.
+	spreading bool
+}
+
+// onHello records the replica and server session ID of ss, and whether
+// the server is the only replica (alone). A session that lands on a
+// replica another slot holds leaves it, while the slot has left fewer than
+// tries times in a row; a spreading session leaves it always, and the
+// slot's own replica too.
+func (s *status) onHello(ss *sessionState, replica, id string, alone bool, tries int) landing {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	ss.replica, ss.id = replica, id
+	defer s.wakeAllLocked()
+	ss.replica, ss.id, ss.alone = replica, id, alone
 	st := ss.slot
-	holder = -1
-	for _, o := range s.slots {
-		if o == st || replica == "" {
-			continue
-		}
-		for _, os := range o.sessions {
-			// A session moving away or leaving is no lasting duplicate.
-			if os.replica == replica && !os.moving && !os.redial {
-				holder = o.index
-			}
-		}
+	l := landing{holder: -1, spreading: ss.spreading}
+	if sharers := s.sharersLocked(ss); len(sharers) > 0 {
+		l.holder = sharers[0]
 	}
-	if holder >= 0 && st.redials < maxRedials && !ss.moving {
+	if ss.spreading {
+		if own := st.current(); l.holder >= 0 || own != nil && own.replica == replica {
+			ss.redial, l.leave = true, true
+			return l
+		}
+		ss.keep = true
+		s.takeOverLocked(ss)
+		return l
+	}
+	if l.holder >= 0 && st.redials < tries && !ss.moving {
 		st.redials++
 		st.left = replica
-		ss.redial = true
-		return true, holder, ""
+		ss.redial, l.leave = true, true
+		return l
 	}
-	if holder < 0 {
+	if l.holder < 0 {
 		st.redials = 0
 	}
-	left, st.left = st.left, ""
-	return false, holder, left
+	l.left, st.left = st.left, ""
+	return l
 }
 
 // onMove records that the server wants ss to move. now reports whether
@@ -229,9 +439,10 @@ func (s *status) onHello(ss *sessionState, replica, id string, maxRedials int) (
 func (s *status) onMove(ss *sessionState) (first, now bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if ss.moving || ss.ended {
+	if ss.moving || ss.ended || ss.leaving {
 		return false, false
 	}
+	defer s.wakeAllLocked()
 	st := ss.slot
 	ss.moving, ss.since = true, time.Now()
 	st.idleSince = ss.since
@@ -245,13 +456,18 @@ func (s *status) onMove(ss *sessionState) (first, now bool) {
 	return true, true
 }
 
-// ready reports whether ss serves the tunnel.
-func (ss *sessionState) ready() bool { return ss.loggedIn && ss.routeUp }
+// ready reports whether ss serves the tunnel. A leaving session withdrew
+// its route.
+func (ss *sessionState) ready() bool { return ss.loggedIn && ss.routeUp && !ss.leaving }
 
 func (ss *sessionState) state() string {
 	switch {
 	case ss.moving:
 		return StateMoving
+	case ss.leaving:
+		return StateLeaving
+	case ss.spreading:
+		return StateSpreading
 	case ss.ready():
 		return StateReady
 	case ss.loggedIn:
@@ -260,10 +476,11 @@ func (ss *sessionState) state() string {
 	return StateConnecting
 }
 
-// current is the slot's session that is not moving away, or nil.
+// current is the slot's own session: not moving away, not leaving, not
+// spreading; or nil.
 func (st *slotState) current() *sessionState {
 	for _, ss := range st.sessions {
-		if !ss.moving {
+		if !ss.moving && !ss.leaving && !ss.spreading {
 			return ss
 		}
 	}
@@ -387,6 +604,14 @@ type SessionState struct {
 	Since     *time.Time `json:"since,omitempty"`
 	Via       string     `json:"via,omitempty"`
 	LastError string     `json:"last_error,omitempty"`
+	// SharesReplicaWith lists the other slots with a session on this
+	// session's replica: if that replica goes, they all go at once. While
+	// the server has other replicas, the slots but the lowest of them keep
+	// trying to reach one (NextTry), and their sessions serve meanwhile.
+	SharesReplicaWith []int `json:"shares_replica_with,omitempty"`
+	// NextTry is when the slot next tries to reach another replica; empty
+	// while a try is under way (a spreading session) or none is planned.
+	NextTry *time.Time `json:"next_try,omitempty"`
 }
 
 func (s *status) snapshot() Snapshot {
@@ -412,7 +637,7 @@ func (s *status) snapshot() Snapshot {
 				oldestLoggedIn = ss
 			}
 		}
-		snap.Sessions = append(snap.Sessions, st.entries()...)
+		snap.Sessions = append(snap.Sessions, s.entriesLocked(st)...)
 	}
 	if oldest != nil {
 		snap.Connected, snap.Via, snap.ConnectedSince = true, oldest.via, timePtr(oldest.connectedAt)
@@ -429,15 +654,21 @@ func (s *status) snapshot() Snapshot {
 	return snap
 }
 
-// entries are the slot's lines in /status: its sessions, and "connecting"
-// while it has no current one.
-func (st *slotState) entries() []SessionState {
+// entriesLocked are the slot's lines in /status: its sessions, and
+// "connecting" while it has no current one.
+func (s *status) entriesLocked(st *slotState) []SessionState {
 	var out []SessionState
 	cur := st.current()
 	for _, ss := range st.sessions {
 		e := SessionState{Slot: st.index, Replica: ss.replica, Session: ss.id, State: ss.state(), Since: timePtr(ss.since), Via: ss.via, LastError: ss.routeError}
 		if ss == cur && !ss.loggedIn {
 			e.LastError = st.lastError
+		}
+		if ss == cur {
+			e.SharesReplicaWith = s.sharersLocked(ss)
+			if len(e.SharesReplicaWith) > 0 && !st.spreadAt.IsZero() {
+				e.NextTry = timePtr(st.spreadAt)
+			}
 		}
 		out = append(out, e)
 	}
@@ -496,7 +727,7 @@ func (s *status) collectors() []prometheus.Collector {
 		}, read(func() float64 {
 			n := 0
 			for _, st := range s.slots {
-				for _, e := range st.entries() {
+				for _, e := range s.entriesLocked(st) {
 					if e.State == state {
 						n++
 					}

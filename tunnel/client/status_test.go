@@ -19,8 +19,8 @@ func TestReadinessReason(t *testing.T) {
 	s := newStatus("acme", "s:1", "tcp", nil, 4, time.Now())
 	s.onFailed(0, nil, refused)
 	s.onFailed(2, nil, refused)
-	s.onConnected(1, "direct")
-	ss := s.onConnected(3, "direct")
+	s.onConnected(1, "direct", false)
+	ss := s.onConnected(3, "direct", false)
 	s.onLoggedIn(ss)
 	s.onRoute(ss, errors.New("proxy rejected"))
 	want := "slots 0, 2: not connected to the tunnel server: connection refused; slot 1: connected, not logged in; slot 3: logged in, route not registered: proxy rejected"

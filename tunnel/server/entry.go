@@ -37,7 +37,6 @@ func (s *serving) serveEntry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.setForwarded(r)
-	delete(r.Header, peerAuthHeader) // only a replica's forwarded request carries it
 	rec := proxy.NewStatusWriter(w)
 	s.route(rec, r, name, false)
 	s.metrics.requestDuration.WithLabelValues(classLabel(rec.Status())).Observe(time.Since(start).Seconds())
@@ -166,7 +165,7 @@ func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name st
 	}
 	if fromPeer {
 		// The replica that forwarded the request tries another holder.
-		w.Header().Set(peerMissHeader, "1")
+		markPeerMiss(w, r)
 	}
 	s.metrics.unrouted.WithLabelValues("tunnel_down").Inc()
 	proxy.WriteError(w, http.StatusServiceUnavailable, "tunnel_down",

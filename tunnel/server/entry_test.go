@@ -200,6 +200,15 @@ func TestConfigValidate(t *testing.T) {
 		{"IPv6 peer address without brackets", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a:7443" }, ""},
 		{"IPv6 wildcard without brackets", func(c *Config) { c.PeerAdvertiseAddr = ":::7443" }, "wildcard"},
 		{"IPv6 address without a port", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a" }, "--peer-advertise-addr"},
+		// The peer channel needs credentials: from the secret, or from all
+		// three files, not both.
+		{"replica with the peer secret", func(c *Config) { replicaOf(c); c.PeerSecretFile = "peer-secret" }, ""},
+		{"replica with peer certificate files", func(c *Config) { replicaOf(c); peerFiles(c) }, ""},
+		{"replica without peer credentials", replicaOf, "--peer-secret-file is required with --registry redis://redis:6379/0"},
+		{"peer secret and files", func(c *Config) { replicaOf(c); peerFiles(c); c.PeerSecretFile = "peer-secret" }, "exclude each other"},
+		{"peer files without a CA", func(c *Config) { replicaOf(c); peerFiles(c); c.PeerTLSCAFile = "" }, "go together"},
+		{"a peer key alone", func(c *Config) { replicaOf(c); c.PeerSecretFile, c.PeerTLSKeyFile = "peer-secret", "tls.key" }, "go together"},
+		{"a peer port without credentials", func(c *Config) { c.PeerAddr = "10.0.0.1:7443" }, "--peer-addr needs --peer-secret-file"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -35,7 +35,7 @@ const (
 	// caller make the server buffer 1 MiB. A longer head gets 431.
 	maxEntryHeaderBytes = 32 << 10
 	// maxPeerHeaderBytes bounds a forwarded request's head: the entry's,
-	// plus the X-Forwarded-* headers and the peer signature it adds.
+	// plus the X-Forwarded-* headers and the peer miss mark it adds.
 	maxPeerHeaderBytes = maxEntryHeaderBytes + 8<<10
 	// maxEntryHeadLines bounds the lines of a request head (the request
 	// line and the header fields): the most common proxies allow about 100

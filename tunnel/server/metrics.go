@@ -95,7 +95,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		}),
 		peerRefused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_peer_refused_total",
-			Help: "Requests to the peer port refused for a missing or wrong peer secret.",
+			Help: "Connections to the peer port refused at the TLS handshake: no certificate of a replica of this fleet (another --peer-secret-file or --peer-tls-ca, an earlier version, or no replica).",
 		}),
 	}
 	m.reg.MustRegister(

@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -24,48 +25,59 @@ import (
 // says serves it. That replica serves it from its own sessions and never
 // forwards it again.
 //
-// A forwarded request is signed with the shared secret (--peer-secret-file;
-// see peerauth.go) in peerAuthHeader; the peer listener refuses anything
-// without a valid signature before looking at the request, and the public
-// entry removes the header from what callers send. The X-Forwarded-* headers the first replica set travel
-// unchanged. Connections between replicas are kept alive and shared by the
-// tunnels: both ends are tether's own HTTP servers, which frame every
-// response themselves, so no tenant's bytes can leave one where another's
-// request expects its answer.
+// The peer listener speaks TLS and serves only other replicas, which
+// authenticate with their certificates (peertls.go): a request reaches a
+// tunnel through it only from a replica. The X-Forwarded-* headers the
+// first replica set travel unchanged. Connections between replicas are kept
+// alive and shared by the tunnels: both ends are tether's own HTTP servers,
+// which frame every response themselves, so no tenant's bytes can leave one
+// where another's request expects its answer.
 const (
-	// peerAuthHeader carries a forwarded request's signature.
-	peerAuthHeader = "X-Tether-Peer-Auth"
 	// peerMissHeader marks a peer's 503 for a tunnel it no longer serves:
-	// the forwarding replica then tries another holder.
+	// the forwarding replica then tries another holder. An upstream's
+	// answer passes through the serving replica, headers and all, so the
+	// mark is a value the upstream cannot know: the forwarding replica
+	// sends a fresh random one in the request, under the same name, and
+	// the serving replica takes it out of the request before routing it and
+	// answers a miss with it.
 	peerMissHeader = "X-Tether-Peer-Miss"
 	// peerDialTimeout bounds connecting to another replica: on a cluster
 	// network a live replica answers in milliseconds.
 	peerDialTimeout = 2 * time.Second
 )
 
-// servePeer serves a request another replica forwarded.
+// servePeer serves a request another replica forwarded; the peer listener
+// admitted only replicas.
 func (s *serving) servePeer(w http.ResponseWriter, r *http.Request) {
-	if !verifyPeer(s.peerSecret, time.Now(), r.Header.Get(peerAuthHeader), r.Method, r.Host, r.RequestURI) {
-		s.metrics.peerRefused.Inc()
-		s.floodLog.Warn("peer request refused: missing or wrong signature (another --peer-secret-file, or clocks more than a minute apart)",
-			zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
-		proxy.WriteError(w, http.StatusForbidden, "peer_forbidden",
-			"tether: this is the tunnel server's peer port; replicas forward requests here with the shared --peer-secret-file")
-		return
-	}
-	delete(r.Header, peerAuthHeader)
+	miss := r.Header.Get(peerMissHeader)
+	delete(r.Header, peerMissHeader)
 	if s.refuseTarget(w, r) {
 		return
 	}
 	name, ok := tunnelName(r.Host, s.cfg.Domain)
 	if !ok {
-		w.Header().Set(peerMissHeader, "1")
+		if miss != "" {
+			w.Header().Set(peerMissHeader, miss)
+		}
 		proxy.WriteError(w, http.StatusNotFound, "unknown_host",
 			fmt.Sprintf("tether: no tunnel is served at host %q; tunnels are served at <name>.%s", r.Host, s.cfg.Domain))
 		return
 	}
 	s.metrics.peerServed.Inc()
+	if miss != "" {
+		r = r.WithContext(context.WithValue(r.Context(), peerMissKey{}, miss))
+	}
 	s.route(proxy.NewStatusWriter(w), r, name, true)
+}
+
+// peerMissKey is the context key of a forwarded request's miss mark.
+type peerMissKey struct{}
+
+// markPeerMiss marks w's answer to forwarded request r as a miss.
+func markPeerMiss(w http.ResponseWriter, r *http.Request) {
+	if mark, _ := r.Context().Value(peerMissKey{}).(string); mark != "" {
+		w.Header().Set(peerMissHeader, mark)
+	}
 }
 
 // forward sends a request to one of the replicas that hold its tunnel, and
@@ -102,27 +114,27 @@ var errNoHolderReached = errors.New("no replica that serves the tunnel could be 
 // replicas.
 func (s *serving) newPeerProxy() *httputil.ReverseProxy {
 	transport := &http.Transport{
-		DialContext: (&net.Dialer{Timeout: peerDialTimeout, KeepAlive: 30 * time.Second}).DialContext,
+		DialTLSContext: s.peerDialer(),
 		// No response-header timeout: the replica that serves the tunnel
 		// applies the route's own (long polls and event streams have none).
-		MaxIdleConnsPerHost: 256,
-		IdleConnTimeout:     90 * time.Second,
-		DisableCompression:  true,
-		Proxy:               nil,
+		MaxResponseHeaderBytes: maxPeerResponseHeaderBytes,
+		MaxIdleConnsPerHost:    256,
+		IdleConnTimeout:        90 * time.Second,
+		DisableCompression:     true,
+		Proxy:                  nil,
 	}
 	// HTTP/1.1: websocket upgrades pass through it.
 	transport.Protocols = new(http.Protocols)
 	transport.Protocols.SetHTTP1(true)
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme = "http"
+			pr.Out.URL.Scheme = "https"
 			pr.Out.Host = pr.In.Host
 			// Rewrite drops X-Forwarded-*; the entry set them, and the
 			// replica that serves the tunnel passes them on.
 			for _, h := range forwardedHeaders {
 				pr.Out.Header[h] = pr.In.Header[h]
 			}
-			pr.Out.Header.Set(peerAuthHeader, signPeer(s.peerSecret, time.Now(), pr.Out.Method, pr.Out.Host, pr.Out.URL.RequestURI()))
 		},
 		Transport:  &peerTransport{next: transport, self: s.cfg.ReplicaID, outcomes: s.metrics.forwarded},
 		BufferPool: bufferPool{},
@@ -139,6 +151,27 @@ func (s *serving) newPeerProxy() *httputil.ReverseProxy {
 			writeReplicaUnreachable(w)
 		},
 	}
+}
+
+// peerListener is the peer port's listener on ln: TLS, for replicas only.
+// A connection without a replica's certificate is counted, logged
+// (sampled) and closed before any request is read.
+func (s *serving) peerListener(ln net.Listener) net.Listener {
+	return &peerListener{Listener: ln, config: s.peerTLS.serverConfig(), refused: func(conn net.Conn, err error) {
+		s.metrics.peerRefused.Inc()
+		s.floodLog.Warn("peer connection refused: no certificate of a replica of this fleet (another --peer-secret-file or --peer-tls-ca, a replica of an earlier version, or no replica at all)",
+			zap.String("remote_addr", conn.RemoteAddr().String()), zap.Error(err))
+	}}
+}
+
+// peerDialer connects to other replicas' peer ports over TLS.
+func (s *serving) peerDialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if s.peerTLS == nil { // no peer listener, no replica to forward to
+		return func(_ context.Context, network, _ string) (net.Conn, error) {
+			return nil, &net.OpError{Op: "dial", Net: network, Err: errors.New("no peer credentials: set --peer-secret-file")}
+		}
+	}
+	return s.peerTLS.dialer(s.floodLog.Named("peer"))
 }
 
 // peerTransport tries a forwarded request on the tunnel's holders in turn:
@@ -167,6 +200,8 @@ func (t *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		out := req.Clone(req.Context())
 		out.URL.Host = h.Addr
+		miss := rand.Text()
+		out.Header.Set(peerMissHeader, miss)
 		res, err := t.next.RoundTrip(out)
 		retry := !att.body.started()
 		switch {
@@ -175,7 +210,7 @@ func (t *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 			att.unreached.Store(true)
 			lastErr = fmt.Errorf("replica %s at %s: %w", h.Replica, h.Addr, err)
 			continue
-		case err == nil && res.StatusCode == http.StatusServiceUnavailable && res.Header.Get(peerMissHeader) != "" && retry:
+		case err == nil && res.StatusCode == http.StatusServiceUnavailable && res.Header.Get(peerMissHeader) == miss && retry:
 			_, _ = io.Copy(io.Discard, io.LimitReader(res.Body, 4<<10))
 			_ = res.Body.Close()
 			t.outcomes.WithLabelValues("missed").Inc()
@@ -201,9 +236,10 @@ func writeReplicaUnreachable(w http.ResponseWriter) {
 		"tether: the server replica that holds this tunnel could not be reached; retry")
 }
 
-// dialFailed reports whether err is a failure to connect, so the request
-// was not sent.
+// dialFailed reports whether err is a failure to connect, or to complete
+// the TLS handshake, so the request was not sent.
 func dialFailed(err error) bool {
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	var hs *peerHandshakeError
+	return errors.As(err, &op) && op.Op == "dial" || errors.As(err, &hs)
 }

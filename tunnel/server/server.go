@@ -20,8 +20,10 @@
 // an L4 load balancer: they share a registry of which replica serves which
 // tunnel (package registry: in memory for one replica, Redis for several),
 // and each forwards a request for a tunnel it does not serve to one that
-// does, over its peer listener. On shutdown a replica drains: its clients
-// move to other replicas before their sessions here close.
+// does, over its peer listener: TLS between replicas, each authenticated by
+// a certificate made from the shared peer secret (peertls.go). On shutdown
+// a replica drains: its clients move to other replicas before their
+// sessions here close.
 //
 // It does not terminate TLS for the public HTTP entry (put an ingress or load
 // balancer in front).
@@ -124,10 +126,23 @@ type Config struct {
 	// PeerAdvertiseAddr is the HOST:PORT other replicas dial to reach
 	// PeerAddr. Default PeerAddr; required when that has no host.
 	PeerAdvertiseAddr string
-	// PeerSecretFile holds the secret replicas share: a forwarded request
-	// without it never reaches a tunnel. Required with a Redis registry.
+	// PeerSecretFile holds the secret replicas share, one a line (the
+	// first signs, all are trusted: see peertls.go): the peer channel's TLS
+	// certificates are made from it, so that only replicas that hold it
+	// forward requests to each other. Required with a Redis registry,
+	// unless the PeerTLS files are given instead.
 	PeerSecretFile string
+	// PeerTLSCertFile, PeerTLSKeyFile and PeerTLSCAFile are this replica's
+	// peer certificate (for server and client authentication), its key,
+	// and the CA that signs every replica's peer certificate, instead of
+	// certificates made from PeerSecretFile: e.g. issued by cert-manager.
+	// All three or none; re-read when they change.
+	PeerTLSCertFile, PeerTLSKeyFile, PeerTLSCAFile string
 }
+
+// peerCredentials reports whether the configuration names credentials for
+// the peer channel.
+func (c *Config) peerCredentials() bool { return c.PeerSecretFile != "" || c.PeerTLSCertFile != "" }
 
 // shared reports whether the registry is shared by several replicas.
 func (c *Config) shared() bool { return c.Registry != "" && c.Registry != "memory" }
@@ -272,14 +287,23 @@ func (c *Config) validateReplicas() []error {
 			errs = append(errs, fmt.Errorf("--peer-advertise-addr %q: the other replicas cannot dial a wildcard address or port 0; set --peer-advertise-addr to this replica's address, e.g. $(POD_IP):7443", c.PeerAdvertiseAddr))
 		}
 	}
+	if (c.PeerTLSCertFile == "") != (c.PeerTLSKeyFile == "") || (c.PeerTLSCertFile == "") != (c.PeerTLSCAFile == "") {
+		errs = append(errs, errors.New("--peer-tls-cert, --peer-tls-key and --peer-tls-ca go together: give all three files, or none to make the peer certificates from --peer-secret-file"))
+	}
+	if c.PeerSecretFile != "" && c.PeerTLSCertFile != "" {
+		errs = append(errs, errors.New("--peer-secret-file and --peer-tls-cert exclude each other: the peer channel's certificates come either from the shared secret or from files"))
+	}
+	if c.PeerAddr != "" && !c.peerCredentials() {
+		errs = append(errs, errors.New("--peer-addr needs --peer-secret-file (or --peer-tls-cert, --peer-tls-key and --peer-tls-ca): the peer port speaks TLS and admits only replicas with certificates from them"))
+	}
 	if !c.shared() {
 		return errs
 	}
 	if c.PeerAddr == "" {
 		errs = append(errs, fmt.Errorf("--peer-addr is required with --registry %s: the replicas forward requests to each other there, e.g. --peer-addr 0.0.0.0:7443", registryName(c.Registry)))
 	}
-	if c.PeerSecretFile == "" {
-		errs = append(errs, fmt.Errorf("--peer-secret-file is required with --registry %s: the file of the secret the replicas share, so that nothing else can send requests into tunnels", registryName(c.Registry)))
+	if !c.peerCredentials() {
+		errs = append(errs, fmt.Errorf("--peer-secret-file is required with --registry %s: the file of the secret the replicas share, from which they make the certificates that let only them forward requests to each other (or give --peer-tls-cert, --peer-tls-key and --peer-tls-ca)", registryName(c.Registry)))
 	}
 	if c.ReplicaID == "" {
 		errs = append(errs, errors.New("--replica-id is required: the hostname is unknown; name this replica (e.g. the pod name)"))
@@ -326,7 +350,7 @@ type Server struct {
 	verifier   *auth.Verifier
 	log        *zap.Logger
 	adminToken string
-	peerSecret []byte
+	peerTLS    *peerTLS // the peer channel's credentials; nil without a peer port or replicas
 	certs      *certificates
 	tlsConfig  *tls.Config
 	registry   registry.Registry
@@ -393,12 +417,8 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 			return nil, err
 		}
 	}
-	if cfg.PeerSecretFile != "" {
-		secret, err := readSecret(cfg.PeerSecretFile, "--peer-secret-file")
-		if err != nil {
-			return nil, err
-		}
-		s.peerSecret = []byte(secret)
+	if s.peerTLS, err = newPeerTLS(cfg, log.Named("peer")); err != nil {
+		return nil, err
 	}
 	if s.registry == nil {
 		if s.registry, err = openRegistry(cfg, log); err != nil {
@@ -493,6 +513,10 @@ func (s *Server) Run(ctx context.Context) error {
 // Serve serves on ls until ctx ends, then drains (drain.go). It returns
 // after every goroutine it started has ended.
 func (s *Server) Serve(ctx context.Context, ls Listeners) error {
+	if ls.Peer != nil && s.peerTLS == nil {
+		closeAll(ls)
+		return errors.New("a peer listener needs the peer channel's credentials: set --peer-secret-file (Config.PeerSecretFile)")
+	}
 	sv := &serving{Server: s}
 	plugin := auth.NewPlugin(s.verifier, sv, s.floodLog.Named("auth"), s.metrics)
 	var lc net.ListenConfig
@@ -548,7 +572,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	g.Go(func() error { return serveHTTP(entrySrv, entryLn) })
 	if peerSrv != nil {
 		sv.peerConns = newConnSlots(s.cfg.MaxHTTPConnections)
-		peerLn := &cappedListener{Listener: ls.Peer, slots: sv.peerConns, maxLines: maxPeerHeadLines,
+		peerLn := &cappedListener{Listener: sv.peerListener(ls.Peer), slots: sv.peerConns, maxLines: maxPeerHeadLines,
 			refused: sv.refuser("peer port", refusedPeerConnections)}
 		g.Go(func() error { return serveHTTP(peerSrv, peerLn) })
 	}
@@ -570,6 +594,9 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 		zap.String("replica", s.cfg.ReplicaID), zap.String("registry", s.registry.Status().Backend)}
 	if ls.Peer != nil {
 		fields = append(fields, zap.String("peer_addr", ls.Peer.Addr().String()), zap.String("peer_advertise_addr", s.cfg.PeerAdvertiseAddr))
+	}
+	if s.peerTLS != nil {
+		fields = append(fields, s.peerTLS.describe()...)
 	}
 	s.log.Info("tether server started", fields...)
 	if s.certs.selfSignedOnly() {
