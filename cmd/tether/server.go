@@ -75,8 +75,11 @@ tether clients move to other replicas before their sessions here close, and
 in-flight requests finish, all within --shutdown-timeout; then it exits 0.
 
 A connection must log in promptly, and may send little before it has;
-connections not yet logged in are capped (1024 in all, and
---max-anonymous-per-ip from one address) and closed before TLS over the cap.`,
+connections not yet logged in are capped (1024 in all, --max-anonymous-per-ip
+from one address, four times that from one /24 or IPv6 /48) and closed before
+TLS over the cap; at the cap of 1024 the one that kept the server waiting
+longest makes room, and a quarter of them is kept for addresses whose clients
+were logged in within the hour.`,
 		Example: `  tether server --domain tunnels.example.com --jwt-public-key /etc/tether/jwt.pub.pem \
     --tls-cert /etc/tether/tls.crt --tls-key /etc/tether/tls.key
 
@@ -109,7 +112,7 @@ connections not yet logged in are capped (1024 in all, and
 	fl.StringSliceVar(&opts.TrustedProxies, "trusted-proxies", nil, "CIDRs (or IPs) of proxies in front of --http-addr whose X-Forwarded-* headers are kept")
 	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 60*time.Second, "drop a client connection that stays silent this long (a client that returns takes its route over at once anyway)")
 	fl.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long clients may take to move to other replicas and in-flight requests to finish before tunnels close")
-	fl.IntVar(&opts.MaxAnonymousPerIP, "max-anonymous-per-ip", 64, "tunnel connections not yet logged in allowed from one client address (an IPv6 /64); more are closed before TLS. Raise it when a load balancer in front hides client addresses (externalTrafficPolicy: Cluster)")
+	fl.IntVar(&opts.MaxAnonymousPerIP, "max-anonymous-per-ip", 64, "tunnel connections not yet logged in allowed from one client address (an IPv6 /64), and four times that from one /24 (IPv6 /48); more are closed before TLS. Raise it when a load balancer in front hides client addresses (externalTrafficPolicy: Cluster)")
 	fl.IntVar(&opts.MaxSessionsPerTunnel, "max-sessions-per-tunnel", 16, "sessions one tunnel may have on this replica (its clients' --connections, summed); more logins are refused")
 	fl.IntVar(&opts.MaxHTTPConnections, "max-http-connections", 8192, "connections the public entry (--http-addr) holds at once, websockets included, and the peer port the same; more are closed at accept")
 	fl.IntVar(&opts.MaxRequestsPerTunnel, "max-requests-per-tunnel", 1024, "requests one tunnel may have in flight on this replica (long polls and event streams included); more are answered 503 tunnel_busy")

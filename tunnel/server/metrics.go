@@ -61,11 +61,11 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		}, []string{"reason"}),
 		connectionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_connections_refused_total",
-			Help: "Connections closed at accept: tunnel connections, before TLS, because too many that have not logged in are open, in total (anonymous) or from the client's address (anonymous_per_ip); public entry connections beyond --max-http-connections (http_connections), and peer port connections beyond it (peer_connections).",
+			Help: "Connections closed at accept: tunnel connections, before TLS, because too many that have not logged in are open, in total with none to evict (anonymous), from the client's address (anonymous_per_ip) or from its /24 or IPv6 /48 (anonymous_per_subnet); public entry connections beyond --max-http-connections (http_connections), and peer port connections beyond it (peer_connections).",
 		}, []string{"reason"}),
 		sessionsLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_sessions_closed_by_limit_total",
-			Help: "Tunnel connections closed for going over a limit, by limit: login_budget (sent too much before logging in), stream_before_login, no_login (no login soon after the handshake), login_timeout, streams (too many open at once), pings (too frequent).",
+			Help: "Tunnel connections closed for going over a limit, by limit: first_byte (no TLS handshake within 5s of connecting), evicted (not logged in, closed to make room at the anonymous cap as the one that kept the server waiting longest), login_budget (sent too much before logging in), stream_before_login, no_login (no login soon after the handshake), login_timeout, streams (too many open at once), pings (too frequent).",
 		}, []string{"limit"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_login_probes_total",
@@ -96,6 +96,12 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 			Name: "tether_peer_refused_total",
 			Help: "Requests to the peer port refused for a missing or wrong peer secret.",
 		}),
+	}
+	// The fairness limits' label values exist from the start, at 0, so that
+	// alerts on them see a rise from the first event.
+	m.connectionsRefused.WithLabelValues(refusedAnonymousPerSubnet)
+	for _, limit := range []string{limitFirstByte, limitEvicted} {
+		m.sessionsLimited.WithLabelValues(limit)
 	}
 	m.reg.MustRegister(
 		m.forwarded, m.peerServed, m.peerRefused, m.sessionsSilent, registry.NewCollector(reg),

@@ -86,13 +86,16 @@ type Config struct {
 	// LoginTimeout is how long a new connection has to log in. Default 30s.
 	LoginTimeout time.Duration
 	// MaxAnonymous caps the tunnel connections that have not logged in,
-	// counted from TCP accept; more are closed at once, before TLS.
-	// Default 1024, which bounds their memory to at most 160 MiB (see
-	// limits.go and README.md).
+	// counted from TCP accept. At the cap the one that has kept the server
+	// waiting longest is closed to make room, or with none the new one is
+	// closed at once, before TLS; a quarter is kept for addresses whose
+	// clients were logged in lately (anonymous.go). Default 1024, which
+	// bounds their memory to at most 160 MiB (see limits.go and README.md).
 	MaxAnonymous int
 	// MaxAnonymousPerIP caps the connections that have not logged in from
-	// one source address (an IPv6 /64). Default 64. Raise it when a load
-	// balancer in front hides the clients' addresses.
+	// one source address (an IPv6 /64), and four times it those from one
+	// /24 (IPv6 /48). Default 64. Raise it when a load balancer in front
+	// hides the clients' addresses.
 	MaxAnonymousPerIP int
 	// ShutdownTimeout bounds the drain on shutdown: clients get this long to
 	// move to other replicas and in-flight requests to finish before the
