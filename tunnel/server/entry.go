@@ -405,10 +405,11 @@ func (s *Server) trusts(ip string) bool {
 		return false
 	}
 	addr, err := netip.ParseAddr(ip)
-	if err != nil {
-		return false
-	}
-	addr = addr.Unmap()
+	return err == nil && s.trustsAddr(addr.Unmap())
+}
+
+// trustsAddr reports whether addr is in --trusted-proxies.
+func (s *Server) trustsAddr(addr netip.Addr) bool {
 	for _, p := range s.cfg.TrustedProxies {
 		if p.Contains(addr) {
 			return true

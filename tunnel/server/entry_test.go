@@ -197,6 +197,7 @@ func TestConfigValidate(t *testing.T) {
 		{"cert without key", func(c *Config) { c.TLSCertFile = "tls.crt" }, "--tls-key"},
 		{"negative request limit", func(c *Config) { c.MaxRequestsPerTunnel = -1 }, "--max-requests-per-tunnel"},
 		{"negative connection limit", func(c *Config) { c.MaxHTTPConnections = -1 }, "--max-http-connections"},
+		{"negative per-address connection limit", func(c *Config) { c.MaxHTTPConnectionsPerIP = -1 }, "--max-http-connections-per-ip"},
 		{"IPv6 peer address without brackets", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a:7443" }, ""},
 		{"IPv6 wildcard without brackets", func(c *Config) { c.PeerAdvertiseAddr = ":::7443" }, "wildcard"},
 		{"IPv6 address without a port", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a" }, "--peer-advertise-addr"},

@@ -61,7 +61,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		}, []string{"reason"}),
 		connectionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_connections_refused_total",
-			Help: "Connections closed at accept: tunnel connections, before TLS, because too many that have not logged in are open, in total with none to evict (anonymous), from the client's address (anonymous_per_ip) or from its /24 or IPv6 /48 (anonymous_per_subnet); public entry connections beyond --max-http-connections (http_connections), and peer port connections beyond it (peer_connections).",
+			Help: "Connections closed at accept: tunnel connections, before TLS, because too many that have not logged in are open, in total with none to evict (anonymous), from the client's address (anonymous_per_ip) or from its /24 or IPv6 /48 (anonymous_per_subnet); public entry connections beyond --max-http-connections with none idle (http_connections) or beyond --max-http-connections-per-ip from the caller's address with none of them idle (http_connections_per_ip), and peer port connections beyond --max-http-connections (peer_connections). Also idle keep-alive connections closed to make room for a new one: at --max-http-connections (http_idle_evicted, peer_idle_evicted) and at --max-http-connections-per-ip, the caller's own (http_idle_evicted_per_ip).",
 		}, []string{"reason"}),
 		sessionsLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_sessions_closed_by_limit_total",
@@ -73,7 +73,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		}, []string{"result"}),
 		unrouted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_http_unrouted_requests_total",
-			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), tunnel_disconnected (502: every session of the tunnel failed under the request), tunnel_busy (503: --max-requests-per-tunnel in flight), connect (405: CONNECT), absolute_form (400: absolute-form target).",
+			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), tunnel_disconnected (502: every session of the tunnel failed under the request), tunnel_busy (503: --max-requests-per-tunnel in flight), connect (405: CONNECT), absolute_form (400: absolute-form target), ambiguous_length (400: both Content-Length and Transfer-Encoding).",
 		}, []string{"reason"}),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tether_http_request_duration_seconds",
@@ -99,10 +99,15 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 	}
 	// The fairness limits' label values exist from the start, at 0, so that
 	// alerts on them see a rise from the first event.
-	m.connectionsRefused.WithLabelValues(refusedAnonymousPerSubnet)
+	for _, reason := range []string{
+		refusedAnonymousPerSubnet, entryCapLabels.refusedPerIP, entryCapLabels.evicted, entryCapLabels.evictedPerIP, peerCapLabels.evicted,
+	} {
+		m.connectionsRefused.WithLabelValues(reason)
+	}
 	for _, limit := range []string{limitFirstByte, limitEvicted} {
 		m.sessionsLimited.WithLabelValues(limit)
 	}
+	m.unrouted.WithLabelValues(unroutedAmbiguousLength)
 	m.reg.MustRegister(
 		m.forwarded, m.peerServed, m.peerRefused, m.sessionsSilent, registry.NewCollector(reg),
 		m.sessionsReplaced, m.loginsAccepted, m.loginsRejected, m.routesRejected,

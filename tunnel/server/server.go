@@ -105,9 +105,15 @@ type Config struct {
 	// replica, whatever the clients' number. Default 16.
 	MaxSessionsPerTunnel int
 	// MaxHTTPConnections caps the public entry's connections, and the peer
-	// port's; more are closed at once. Default 8192, which bounds their
-	// memory to at most 768 MiB (see entrylimits.go and README.md).
+	// port's. At the cap the connection that has waited longest for a
+	// request is closed to make room; with none waiting, a new one is
+	// closed at once. Default 8192, which bounds their memory to at most
+	// 768 MiB (see entrylimits.go and README.md).
 	MaxHTTPConnections int
+	// MaxHTTPConnectionsPerIP caps the public entry's connections from one
+	// address (an IPv6 /64), TrustedProxies not counted, the same way.
+	// Default 1024.
+	MaxHTTPConnectionsPerIP int
 	// MaxRequestsPerTunnel caps the requests one tunnel may have in flight
 	// on this replica, served here or forwarded; more are answered 503
 	// tunnel_busy at once. Default 1024.
@@ -159,6 +165,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxHTTPConnections == 0 {
 		c.MaxHTTPConnections = defaultMaxHTTPConnections
+	}
+	if c.MaxHTTPConnectionsPerIP == 0 {
+		c.MaxHTTPConnectionsPerIP = defaultMaxHTTPConnectionsPerIP
 	}
 	if c.ReplicaID == "" {
 		c.ReplicaID, _ = os.Hostname()
@@ -226,6 +235,9 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxHTTPConnections < 0 {
 		errs = append(errs, fmt.Errorf("--max-http-connections %d: want a positive number of connections, or 0 for the default %d", c.MaxHTTPConnections, defaultMaxHTTPConnections))
+	}
+	if c.MaxHTTPConnectionsPerIP < 0 {
+		errs = append(errs, fmt.Errorf("--max-http-connections-per-ip %d: want a positive number of connections, or 0 for the default %d", c.MaxHTTPConnectionsPerIP, defaultMaxHTTPConnectionsPerIP))
 	}
 	if c.MaxRequestsPerTunnel < 0 {
 		errs = append(errs, fmt.Errorf("--max-requests-per-tunnel %d: want a positive number, or 0 for the default %d", c.MaxRequestsPerTunnel, defaultMaxRequestsPerTunnel))
@@ -416,7 +428,7 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	s.certs = certs
 	s.tlsConfig = &tls.Config{GetCertificate: certs.GetCertificate, MinVersion: tls.VersionTLS12}
 	s.anonymous = newAnonymousSlots(cfg.MaxAnonymous, cfg.MaxAnonymousPerIP)
-	s.entryConns = newConnSlots(cfg.MaxHTTPConnections)
+	s.entryConns = newConnSlots(cfg.MaxHTTPConnections, cfg.MaxHTTPConnectionsPerIP, s.trustsAddr)
 	s.floodLog = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		// Per message: the first 5 every 10s, then none until the next 10s.
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
@@ -525,7 +537,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          zap.NewStdLog(s.log.Named("entry")),
 		MaxHeaderBytes:    maxEntryHeaderBytes,
-		ConnState:         trackHeads,
+		ConnState:         trackConns,
 	}
 	var peerSrv *http.Server
 	if ls.Peer != nil {
@@ -535,7 +547,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 			IdleTimeout:       120 * time.Second,
 			ErrorLog:          zap.NewStdLog(s.log.Named("peer")),
 			MaxHeaderBytes:    maxPeerHeaderBytes,
-			ConnState:         trackHeads,
+			ConnState:         trackConns,
 		}
 	}
 	adminSrv := &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: maxAdminHeaderBytes}
@@ -547,12 +559,12 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	g.Go(func() error { return s.registry.Run(regCtx) })
 	g.Go(func() error { return serveHTTP(pluginSrv, pluginLn) })
 	entryLn := &cappedListener{Listener: ls.HTTP, slots: s.entryConns, maxLines: maxEntryHeadLines,
-		refused: sv.refuser("public entry", refusedHTTPConnections)}
+		report: sv.capReporter("public entry", entryCapLabels)}
 	g.Go(func() error { return serveHTTP(entrySrv, entryLn) })
 	if peerSrv != nil {
-		sv.peerConns = newConnSlots(s.cfg.MaxHTTPConnections)
+		sv.peerConns = newConnSlots(s.cfg.MaxHTTPConnections, 0, nil)
 		peerLn := &cappedListener{Listener: ls.Peer, slots: sv.peerConns, maxLines: maxPeerHeadLines,
-			refused: sv.refuser("peer port", refusedPeerConnections)}
+			report: sv.capReporter("peer port", peerCapLabels)}
 		g.Go(func() error { return serveHTTP(peerSrv, peerLn) })
 	}
 	g.Go(func() error { return serveHTTP(adminSrv, ls.Admin) })
