@@ -43,9 +43,10 @@ type ServerOptions struct {
 	MaxRequestsPerTunnel int
 	MaxHTTPConnections   int
 	MemoryLimit          string
-	// Fair shares of the public entry's connections (see "Limits of the
-	// public entry" in the README).
+	// Fair shares of the public entry's connections and of a tunnel's
+	// requests (see "Limits of the public entry" in the README).
 	MaxHTTPConnectionsPerIP int
+	MaxRequestsPerCaller    int
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -85,7 +86,9 @@ longest makes room, and a quarter of them is kept for addresses whose clients
 were logged in within the hour.
 
 The public entry shares fairly too: --max-http-connections-per-ip from one
-address, and at either cap the connection idle longest makes room.`,
+address, and at either cap the connection idle longest makes room; one caller
+holds at most --max-requests-per-caller of a tunnel's requests in flight, and
+websockets and event streams at most half of them.`,
 		Example: `  tether server --domain tunnels.example.com --jwt-public-key /etc/tether/jwt.pub.pem \
     --tls-cert /etc/tether/tls.crt --tls-key /etc/tether/tls.key
 
@@ -122,7 +125,8 @@ address, and at either cap the connection idle longest makes room.`,
 	fl.IntVar(&opts.MaxSessionsPerTunnel, "max-sessions-per-tunnel", 16, "sessions one tunnel may have on this replica (its clients' --connections, summed); more logins are refused")
 	fl.IntVar(&opts.MaxHTTPConnections, "max-http-connections", 8192, "connections the public entry (--http-addr) holds at once, websockets included, and the peer port the same; at the cap the connection idle longest is closed to make room, and with none idle a new one is closed at accept")
 	fl.IntVar(&opts.MaxHTTPConnectionsPerIP, "max-http-connections-per-ip", 1024, "public entry connections from one caller address (an IPv6 /64), --trusted-proxies not counted; at the cap that address's connection idle longest is closed to make room, and with none idle a new one is closed at accept")
-	fl.IntVar(&opts.MaxRequestsPerTunnel, "max-requests-per-tunnel", 1024, "requests one tunnel may have in flight on this replica (long polls and event streams included); more are answered 503 tunnel_busy")
+	fl.IntVar(&opts.MaxRequestsPerTunnel, "max-requests-per-tunnel", 1024, "requests one tunnel may have in flight on this replica (long polls and event streams included; websockets and event streams at most half); more are answered 503 tunnel_busy")
+	fl.IntVar(&opts.MaxRequestsPerCaller, "max-requests-per-caller", 0, "requests one caller (its address, or the client address --trusted-proxies give) may have in flight to one tunnel on this replica, and as many websockets and event streams; more are answered 429 caller_busy (default a quarter of --max-requests-per-tunnel)")
 	fl.StringVar(&opts.Registry, "registry", "memory", "where replicas share which of them serve which tunnel: memory (one replica), or redis://HOST:PORT[/DB] / rediss://... for several")
 	fl.StringVar(&opts.RegistryPasswordFile, "registry-password-file", "", "file holding the Redis password (instead of putting it in --registry)")
 	fl.StringVar(&opts.ReplicaID, "replica-id", "", "this replica's name among the others, e.g. the pod name (default: the hostname)")
@@ -163,6 +167,7 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 
 		MaxSessionsPerTunnel: opts.MaxSessionsPerTunnel,
 		MaxRequestsPerTunnel: opts.MaxRequestsPerTunnel,
+		MaxRequestsPerCaller: opts.MaxRequestsPerCaller,
 		MaxHTTPConnections:   opts.MaxHTTPConnections,
 
 		MaxHTTPConnectionsPerIP: opts.MaxHTTPConnectionsPerIP,

@@ -2,11 +2,13 @@ package server
 
 import (
 	"bufio"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -173,6 +175,209 @@ func TestEntryPerAddressCap(t *testing.T) {
 	}
 }
 
+// clientFrom is an HTTP client whose connections come from src, one per
+// request.
+func clientFrom(src string) *http.Client {
+	d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 5 * time.Second}
+	return &http.Client{Timeout: 30 * time.Second, Transport: &http.Transport{DialContext: d.DialContext, DisableKeepAlives: true}}
+}
+
+// holder is an upstream whose /hold requests wait until release, and
+// whose other requests answer at once.
+type holder struct {
+	arrived chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func newHolder(t testing.TB) (*holder, *httptestServer) {
+	h := &holder{arrived: make(chan struct{}, 64), release: make(chan struct{})}
+	t.Cleanup(h.releaseAll)
+	return h, newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch r.URL.Path {
+		case "/hold":
+			h.arrived <- struct{}{}
+			<-h.release
+		case "/events":
+			w.Header().Set("Content-Type", "text/event-stream")
+			w.WriteHeader(http.StatusOK)
+			http.NewResponseController(w).Flush()
+			h.arrived <- struct{}{}
+			<-h.release
+			return
+		}
+		fmt.Fprint(w, "ok")
+	}))
+}
+
+func (h *holder) releaseAll() { h.once.Do(func() { close(h.release) }) }
+
+// hold sends req from c in the background, and waits until the upstream
+// holds it.
+func (h *holder) hold(t testing.TB, c *http.Client, req *http.Request) <-chan int {
+	t.Helper()
+	done := make(chan int, 1)
+	go func() {
+		res, err := c.Do(req)
+		if err != nil {
+			done <- 0
+			return
+		}
+		_, _ = io.Copy(io.Discard, res.Body)
+		_ = res.Body.Close()
+		done <- res.StatusCode
+	}()
+	select {
+	case <-h.arrived:
+	case code := <-done:
+		t.Fatalf("%s %s: answered %d, want it held by the upstream", req.Method, req.URL.Path, code)
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s %s: not at the upstream within 10s", req.Method, req.URL.Path)
+	}
+	return done
+}
+
+func (s *testServer) entryRequest(t testing.TB, path string, header ...string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, s.entry+path, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = "alpha." + testDomain
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Add(header[i], header[i+1])
+	}
+	return req
+}
+
+// doFrom sends req with c and returns the answer's status, code and body.
+func doFrom(t testing.TB, c *http.Client, req *http.Request) (int, string, http.Header) {
+	t.Helper()
+	res, err := c.Do(req)
+	if err != nil {
+		t.Fatalf("%s %s: %v", req.Method, req.URL.Path, err)
+	}
+	defer res.Body.Close()
+	b, _ := io.ReadAll(res.Body)
+	return res.StatusCode, string(b), res.Header
+}
+
+// A caller holds at most --max-requests-per-caller of a tunnel's requests:
+// beyond, 429 caller_busy at once, with Retry-After, while other callers
+// are served. Behind a trusted proxy the caller is the client address it
+// gives; from anyone else, the address a request came from, whatever its
+// X-Forwarded-For says.
+func TestCallerShare(t *testing.T) {
+	const perCaller = 2
+	s := startServer(t, func(c *Config) {
+		c.MaxRequestsPerTunnel, c.MaxRequestsPerCaller = 16, perCaller
+		c.TrustedProxies = []netip.Prefix{netip.MustParsePrefix("127.0.0.4/32")}
+	})
+	h, up := newHolder(t)
+	s.startClient(t, "alpha", up.URL)
+	busy := s.metrics.unrouted.WithLabelValues(unroutedCallerBusy)
+
+	a, proxy := clientFrom("127.0.0.2"), clientFrom("127.0.0.4")
+	var held []<-chan int
+	for range perCaller {
+		held = append(held, h.hold(t, a, s.entryRequest(t, "/hold", "X-Forwarded-For", "192.0.2.1")))
+	}
+	code, body, hdr := doFrom(t, a, s.entryRequest(t, "/fast", "X-Forwarded-For", "192.0.2.2"))
+	if code != http.StatusTooManyRequests || hdr.Get("X-Tether-Error") != unroutedCallerBusy || hdr.Get("Retry-After") == "" ||
+		!strings.Contains(body, "--max-requests-per-caller") || !strings.Contains(body, `"alpha"`) {
+		t.Errorf("a request beyond the caller's share (X-Forwarded-For not believed): %d %q (%s, Retry-After %q); want 429 caller_busy naming the tunnel and the flag",
+			code, body, hdr.Get("X-Tether-Error"), hdr.Get("Retry-After"))
+	}
+	if code, body, _ := doFrom(t, clientFrom("127.0.0.3"), s.entryRequest(t, "/fast")); code != http.StatusOK {
+		t.Errorf("another caller: %d %q, want 200", code, body)
+	}
+	// A body that comes a byte at a time does not delay the answer: Go's
+	// server would read up to 256 KiB of it first.
+	c := dialEntryFrom(t, s, "127.0.0.2")
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(c, "POST /upload HTTP/1.1\r\nHost: alpha."+testDomain+"\r\nContent-Length: 1000000\r\n\r\nx"); err != nil {
+		t.Fatal(err)
+	}
+	if res, err := http.ReadResponse(bufio.NewReader(c), nil); err != nil || res.StatusCode != http.StatusTooManyRequests || !res.Close {
+		t.Errorf("a POST beyond the caller's share, its body unsent: %v %v; want 429 at once, and the connection closed", res, err)
+	}
+
+	for range perCaller {
+		held = append(held, h.hold(t, proxy, s.entryRequest(t, "/hold", "X-Forwarded-For", "203.0.113.1")))
+	}
+	if code, _, _ := doFrom(t, proxy, s.entryRequest(t, "/fast", "X-Forwarded-For", "198.51.100.9, 203.0.113.1")); code != http.StatusTooManyRequests {
+		t.Errorf("behind a trusted proxy, the same client again: %d, want 429", code)
+	}
+	if code, _, _ := doFrom(t, proxy, s.entryRequest(t, "/fast", "X-Forwarded-For", "203.0.113.2")); code != http.StatusOK {
+		t.Errorf("behind a trusted proxy, another client: %d, want 200", code)
+	}
+	if got := promtest.ToFloat64(busy); got != 3 {
+		t.Errorf("tether_http_unrouted_requests_total{reason=caller_busy} = %v, want 3", got)
+	}
+
+	h.releaseAll()
+	for _, done := range held {
+		if code := <-done; code != http.StatusOK {
+			t.Errorf("a held request: %d, want 200", code)
+		}
+	}
+	if code, _, _ := doFrom(t, a, s.entryRequest(t, "/fast")); code != http.StatusOK {
+		t.Errorf("the first caller once its requests ended: %d, want 200", code)
+	}
+	s.inflight.mu.Lock()
+	defer s.inflight.mu.Unlock()
+	if len(s.inflight.tunnels) != 0 || len(s.inflight.callers) != 0 {
+		t.Errorf("requests in flight after all ended: %v %v, want none", s.inflight.tunnels, s.inflight.callers)
+	}
+}
+
+// Websockets and event streams hold at most half of a tunnel's request
+// slots: beyond, 503 tunnel_busy, while ordinary requests still have the
+// other half.
+func TestLongLivedRequestsHoldHalf(t *testing.T) {
+	const perTunnel = 4
+	s := startServer(t, func(c *Config) { c.MaxRequestsPerTunnel, c.MaxRequestsPerCaller = perTunnel, perTunnel })
+	h, up := newHolder(t)
+	ws := upgradeEcho(t)
+	s.startClientRoutes(t, "alpha", "/="+up.URL, "/ws="+ws.URL)
+
+	first := upgrade(t, s.entry, "alpha")
+	defer first.Close()
+	stream := h.hold(t, streamClient(), s.entryRequest(t, "/events", "Accept", "text/event-stream"))
+	for _, tc := range []struct {
+		name   string
+		header []string
+	}{
+		{"a websocket", []string{"Connection", "Upgrade", "Upgrade", "websocket", "Sec-WebSocket-Version", "13", "Sec-WebSocket-Key", "dGhlIHNhbXBsZSBub25jZQ=="}},
+		{"an event stream", []string{"Accept", "text/event-stream"}},
+	} {
+		code, body, hdr := doFrom(t, clientFrom("127.0.0.1"), s.entryRequest(t, "/events", tc.header...))
+		if code != http.StatusServiceUnavailable || hdr.Get("X-Tether-Error") != "tunnel_busy" || !strings.Contains(body, "websocket and event-stream") {
+			t.Errorf("%s beyond half the tunnel's slots: %d %q; want 503 tunnel_busy naming websockets and event streams", tc.name, code, body)
+		}
+	}
+	var held []<-chan int
+	for range perTunnel / 2 {
+		held = append(held, h.hold(t, clientFrom("127.0.0.1"), s.entryRequest(t, "/hold")))
+	}
+	if code, _, _ := doFrom(t, clientFrom("127.0.0.1"), s.entryRequest(t, "/fast")); code != http.StatusServiceUnavailable {
+		t.Errorf("an ordinary request with every slot taken: %d, want 503", code)
+	}
+	h.releaseAll()
+	for _, done := range append(held, stream) {
+		if code := <-done; code != http.StatusOK {
+			t.Errorf("a held request: %d, want 200", code)
+		}
+	}
+	first.echo(t, "still here")
+}
+
+// streamClient is an HTTP client without a timeout, for a stream the test
+// ends.
+func streamClient() *http.Client {
+	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+}
+
 // A request with both Content-Length and Transfer-Encoding is answered 400
 // and its connection closed (RFC 9112, section 6.3), before it reaches a
 // tunnel; either header alone is served.
@@ -226,5 +431,55 @@ func TestAmbiguousLengthRefused(t *testing.T) {
 	}
 	if got := promtest.ToFloat64(s.metrics.unrouted.WithLabelValues(unroutedAmbiguousLength)); got != 2 {
 		t.Errorf("tether_http_unrouted_requests_total{reason=ambiguous_length} = %v, want 2", got)
+	}
+}
+
+// The caller of a request is the rightmost address of X-Forwarded-For
+// that is not a trusted proxy's (the entry has appended the address the
+// request came from); an IPv6 caller counts by its /64.
+func TestCallerOf(t *testing.T) {
+	s := &Server{cfg: Config{TrustedProxies: []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}}}
+	for _, tc := range []struct {
+		name   string
+		xff    []string
+		remote string
+		want   string
+	}{
+		{"direct", []string{"198.51.100.7"}, "198.51.100.7:1", "198.51.100.7"},
+		{"behind a proxy", []string{"203.0.113.5, 10.0.0.2"}, "10.0.0.2:1", "203.0.113.5"},
+		{"spoofed on the left", []string{"1.2.3.4, 203.0.113.5, 10.0.0.2"}, "10.0.0.2:1", "203.0.113.5"},
+		{"several header lines", []string{"1.2.3.4", "203.0.113.5,10.0.0.3", "10.0.0.2"}, "10.0.0.2:1", "203.0.113.5"},
+		{"garbage left of the proxy", []string{"nonsense, 10.0.0.2"}, "10.0.0.2:1", "10.0.0.2"},
+		{"only proxies", []string{"10.0.0.3, 10.0.0.2"}, "10.0.0.2:1", "10.0.0.3"},
+		{"mapped IPv4", []string{"::ffff:192.0.2.1"}, "[::ffff:192.0.2.1]:1", "192.0.2.1"},
+		{"IPv6 by its /64", []string{"2001:db8:1:2::77"}, "[2001:db8:1:2::77]:1", "2001:db8:1:2::"},
+		{"no header", nil, "192.0.2.9:4", "192.0.2.9"},
+	} {
+		r := &http.Request{Header: http.Header{}, RemoteAddr: tc.remote}
+		if tc.xff != nil {
+			r.Header["X-Forwarded-For"] = tc.xff
+		}
+		if got := s.callerOf(r); got != netip.MustParseAddr(tc.want) {
+			t.Errorf("%s: caller %v, want %s", tc.name, got, tc.want)
+		}
+	}
+}
+
+// A request is long-lived when it asks for a protocol switch or an event
+// stream.
+func TestLongLived(t *testing.T) {
+	for _, tc := range []struct {
+		header http.Header
+		want   bool
+	}{
+		{http.Header{"Connection": {"keep-alive, Upgrade"}, "Upgrade": {"websocket"}}, true},
+		{http.Header{"Upgrade": {"websocket"}}, false},
+		{http.Header{"Accept": {"text/html, TEXT/Event-Stream;q=0.9"}}, true},
+		{http.Header{"Accept": {"*/*"}}, false},
+		{http.Header{}, false},
+	} {
+		if got := longLived(&http.Request{Header: tc.header}); got != tc.want {
+			t.Errorf("%v: long-lived %v, want %v", tc.header, got, tc.want)
+		}
 	}
 }

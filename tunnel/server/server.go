@@ -6,8 +6,9 @@
 // layer (the gate: TLS, yamux, one identity per connection, and limits on
 // what a connection may cost before it has logged in), behind it the auth
 // plugin (JWT logins, route rules), and beside it the public HTTP entry
-// (with its own caps on connections and request heads, entrylimits.go) and
-// the admin endpoints.
+// (with its own caps on connections and request heads, entrylimits.go, and
+// fair shares of each tunnel's requests, requestslots.go) and the admin
+// endpoints.
 //
 //	srv, err := server.New(server.Config{
 //		TunnelAddr: ":7000", HTTPAddr: ":8080", AdminAddr: "127.0.0.1:7700",
@@ -116,8 +117,15 @@ type Config struct {
 	MaxHTTPConnectionsPerIP int
 	// MaxRequestsPerTunnel caps the requests one tunnel may have in flight
 	// on this replica, served here or forwarded; more are answered 503
-	// tunnel_busy at once. Default 1024.
+	// tunnel_busy at once. Websockets and event streams may take half of
+	// them (see requestSlots). Default 1024.
 	MaxRequestsPerTunnel int
+	// MaxRequestsPerCaller caps the requests one caller (its address, or
+	// the client address a trusted proxy gives) may have in flight to one
+	// tunnel on this replica, and as many websockets and event streams;
+	// more are answered 429 caller_busy at once. Default a quarter of
+	// MaxRequestsPerTunnel.
+	MaxRequestsPerCaller int
 
 	// Registry is where replicas share which of them serve which tunnel:
 	// "memory" (the default, one replica) or redis://HOST:PORT[/DB] or
@@ -168,6 +176,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxHTTPConnectionsPerIP == 0 {
 		c.MaxHTTPConnectionsPerIP = defaultMaxHTTPConnectionsPerIP
+	}
+	if c.MaxRequestsPerCaller == 0 {
+		c.MaxRequestsPerCaller = max(c.MaxRequestsPerTunnel/callerShareDivisor, 1)
 	}
 	if c.ReplicaID == "" {
 		c.ReplicaID, _ = os.Hostname()
@@ -241,6 +252,12 @@ func (c *Config) Validate() error {
 	}
 	if c.MaxRequestsPerTunnel < 0 {
 		errs = append(errs, fmt.Errorf("--max-requests-per-tunnel %d: want a positive number, or 0 for the default %d", c.MaxRequestsPerTunnel, defaultMaxRequestsPerTunnel))
+	}
+	switch {
+	case c.MaxRequestsPerCaller < 0:
+		errs = append(errs, fmt.Errorf("--max-requests-per-caller %d: want a positive number, or 0 for a quarter of --max-requests-per-tunnel", c.MaxRequestsPerCaller))
+	case c.MaxRequestsPerTunnel > 0 && c.MaxRequestsPerCaller > c.MaxRequestsPerTunnel:
+		errs = append(errs, fmt.Errorf("--max-requests-per-caller %d is more than --max-requests-per-tunnel %d: a caller's share is part of a tunnel's requests; lower it, or raise --max-requests-per-tunnel", c.MaxRequestsPerCaller, c.MaxRequestsPerTunnel))
 	}
 	return errors.Join(append(errs, c.validateReplicas()...)...)
 }
@@ -346,7 +363,7 @@ type Server struct {
 	tlsConfig  *tls.Config
 	registry   registry.Registry
 	sessions   *sessionTable
-	inflight   *inflight // requests in flight per tunnel
+	inflight   *requestSlots // requests in flight per tunnel and caller
 	metrics    *metrics
 	anonymous  *anonymousSlots
 	entryConns *connSlots // the public entry's connections
@@ -435,7 +452,7 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	}))
 	s.sessionLog = log.Named("session")
 	s.sessions = newSessionTable(s.registry)
-	s.inflight = newInflight(cfg.MaxRequestsPerTunnel)
+	s.inflight = newRequestSlots(cfg.MaxRequestsPerTunnel, cfg.MaxRequestsPerCaller)
 	s.metrics = newMetrics(s.sessions, s.anonymous, s.entryConns, s.registry)
 	return s, nil
 }
