@@ -47,6 +47,7 @@ type ServerOptions struct {
 	// requests (see "Limits of the public entry" in the README).
 	MaxHTTPConnectionsPerIP int
 	MaxRequestsPerCaller    int
+	BodyIdleTimeout         time.Duration
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -88,7 +89,8 @@ were logged in within the hour.
 The public entry shares fairly too: --max-http-connections-per-ip from one
 address, and at either cap the connection idle longest makes room; one caller
 holds at most --max-requests-per-caller of a tunnel's requests in flight, and
-websockets and event streams at most half of them.`,
+websockets and event streams at most half of them; a request body that sends
+nothing for --body-idle-timeout is answered 408.`,
 		Example: `  tether server --domain tunnels.example.com --jwt-public-key /etc/tether/jwt.pub.pem \
     --tls-cert /etc/tether/tls.crt --tls-key /etc/tether/tls.key
 
@@ -127,6 +129,7 @@ websockets and event streams at most half of them.`,
 	fl.IntVar(&opts.MaxHTTPConnectionsPerIP, "max-http-connections-per-ip", 1024, "public entry connections from one caller address (an IPv6 /64), --trusted-proxies not counted; at the cap that address's connection idle longest is closed to make room, and with none idle a new one is closed at accept")
 	fl.IntVar(&opts.MaxRequestsPerTunnel, "max-requests-per-tunnel", 1024, "requests one tunnel may have in flight on this replica (long polls and event streams included; websockets and event streams at most half); more are answered 503 tunnel_busy")
 	fl.IntVar(&opts.MaxRequestsPerCaller, "max-requests-per-caller", 0, "requests one caller (its address, or the client address --trusted-proxies give) may have in flight to one tunnel on this replica, and as many websockets and event streams; more are answered 429 caller_busy (default a quarter of --max-requests-per-tunnel)")
+	fl.DurationVar(&opts.BodyIdleTimeout, "body-idle-timeout", 30*time.Second, "a public request whose body sends nothing this long is answered 408 and its connection closed")
 	fl.StringVar(&opts.Registry, "registry", "memory", "where replicas share which of them serve which tunnel: memory (one replica), or redis://HOST:PORT[/DB] / rediss://... for several")
 	fl.StringVar(&opts.RegistryPasswordFile, "registry-password-file", "", "file holding the Redis password (instead of putting it in --registry)")
 	fl.StringVar(&opts.ReplicaID, "replica-id", "", "this replica's name among the others, e.g. the pod name (default: the hostname)")
@@ -169,6 +172,7 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 		MaxRequestsPerTunnel: opts.MaxRequestsPerTunnel,
 		MaxRequestsPerCaller: opts.MaxRequestsPerCaller,
 		MaxHTTPConnections:   opts.MaxHTTPConnections,
+		BodyIdleTimeout:      opts.BodyIdleTimeout,
 
 		MaxHTTPConnectionsPerIP: opts.MaxHTTPConnectionsPerIP,
 

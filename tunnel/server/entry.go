@@ -38,9 +38,15 @@ func (s *serving) serveEntry(w http.ResponseWriter, r *http.Request) {
 	}
 	s.setForwarded(r)
 	delete(r.Header, peerAuthHeader) // only a replica's forwarded request carries it
+	body, w := s.watchBody(w, r)
 	rec := proxy.NewStatusWriter(w)
 	s.route(rec, r, name, false)
-	s.metrics.requestDuration.WithLabelValues(classLabel(rec.Status())).Observe(time.Since(start).Seconds())
+	status := rec.Status()
+	if body.stalled() {
+		s.answerStalled(body, r)
+		status = http.StatusRequestTimeout
+	}
+	s.metrics.requestDuration.WithLabelValues(classLabel(status)).Observe(time.Since(start).Seconds())
 }
 
 // tunnelWait bounds how long a request for a tunnel that no replica serves

@@ -201,6 +201,7 @@ func TestConfigValidate(t *testing.T) {
 		{"negative caller share", func(c *Config) { c.MaxRequestsPerCaller = -1 }, "--max-requests-per-caller"},
 		{"caller share over the tunnel's", func(c *Config) { c.MaxRequestsPerTunnel, c.MaxRequestsPerCaller = 8, 9 }, "--max-requests-per-caller 9 is more than --max-requests-per-tunnel 8"},
 		{"caller share of a small tunnel", func(c *Config) { c.MaxRequestsPerTunnel = 3 }, ""},
+		{"body timeout under a second", func(c *Config) { c.BodyIdleTimeout = time.Millisecond }, "--body-idle-timeout"},
 		{"IPv6 peer address without brackets", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a:7443" }, ""},
 		{"IPv6 wildcard without brackets", func(c *Config) { c.PeerAdvertiseAddr = ":::7443" }, "wildcard"},
 		{"IPv6 address without a port", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a" }, "--peer-advertise-addr"},

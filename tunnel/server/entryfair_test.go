@@ -378,6 +378,82 @@ func streamClient() *http.Client {
 	return &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
 }
 
+// A request body that sends nothing for --body-idle-timeout is answered 408
+// body_timeout and its connection closed; its slot comes back. A body sent
+// in pieces with shorter pauses is not.
+func TestBodyIdleTimeout(t *testing.T) {
+	const timeout = time.Second
+	s := startServer(t, func(c *Config) { c.BodyIdleTimeout = timeout })
+	s.startClient(t, "alpha", newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, err := io.Copy(io.Discard, r.Body)
+		if err != nil {
+			return
+		}
+		fmt.Fprintf(w, "got %d", n)
+	})).URL)
+	head := "POST /upload HTTP/1.1\r\nHost: alpha." + testDomain + "\r\n"
+
+	for _, tc := range []struct{ name, head, body string }{
+		{"a body of known length", head + "Content-Length: 10\r\n\r\n", "ab"},
+		{"a chunked body", head + "Transfer-Encoding: chunked\r\n\r\n", "2\r\nab\r\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := dialEntry(t, s)
+			_ = c.SetDeadline(time.Now().Add(timeout + 10*time.Second))
+			if _, err := io.WriteString(c, tc.head+tc.body); err != nil {
+				t.Fatal(err)
+			}
+			br := bufio.NewReader(c)
+			res, err := http.ReadResponse(br, nil)
+			if err != nil {
+				t.Fatalf("read the answer: %v", err)
+			}
+			b, _ := io.ReadAll(res.Body)
+			_ = res.Body.Close()
+			if res.StatusCode != http.StatusRequestTimeout || res.Header.Get("X-Tether-Error") != unroutedBodyTimeout ||
+				!strings.Contains(string(b), "--body-idle-timeout") || !res.Close {
+				t.Errorf("a stalled body: %d %q (%s, close %v); want 408 body_timeout naming the flag, and the connection closed",
+					res.StatusCode, b, res.Header.Get("X-Tether-Error"), res.Close)
+			}
+			if n, err := br.Read(make([]byte, 1)); n > 0 || err == nil {
+				t.Errorf("after the 408: read %d bytes, %v; want the connection closed", n, err)
+			}
+		})
+	}
+	if got := promtest.ToFloat64(s.metrics.unrouted.WithLabelValues(unroutedBodyTimeout)); got != 2 {
+		t.Errorf("tether_http_unrouted_requests_total{reason=body_timeout} = %v, want 2", got)
+	}
+
+	// Pauses of a fifth of the timeout.
+	c := dialEntry(t, s)
+	_ = c.SetDeadline(time.Now().Add(30 * time.Second))
+	if _, err := io.WriteString(c, head+"Content-Length: 5\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	tick := time.NewTicker(timeout / 5)
+	defer tick.Stop()
+	for range 5 {
+		<-tick.C
+		if _, err := io.WriteString(c, "x"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	res, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(res.Body)
+	_ = res.Body.Close()
+	if res.StatusCode != http.StatusOK || string(b) != "got 5" {
+		t.Errorf("a body sent with pauses shorter than the timeout: %d %q, want 200 got 5", res.StatusCode, b)
+	}
+	waitCount(t, "tunnels with requests in flight", func() int {
+		s.inflight.mu.Lock()
+		defer s.inflight.mu.Unlock()
+		return len(s.inflight.tunnels)
+	}, 0)
+}
+
 // A request with both Content-Length and Transfer-Encoding is answered 400
 // and its connection closed (RFC 9112, section 6.3), before it reaches a
 // tunnel; either header alone is served.

@@ -73,7 +73,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		}, []string{"result"}),
 		unrouted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_http_unrouted_requests_total",
-			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), tunnel_disconnected (502: every session of the tunnel failed under the request), tunnel_busy (503: --max-requests-per-tunnel in flight, or half of it in websockets and event streams), caller_busy (429: the caller's --max-requests-per-caller in flight to the tunnel), connect (405: CONNECT), absolute_form (400: absolute-form target), ambiguous_length (400: both Content-Length and Transfer-Encoding).",
+			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), tunnel_disconnected (502: every session of the tunnel failed under the request), tunnel_busy (503: --max-requests-per-tunnel in flight, or half of it in websockets and event streams), caller_busy (429: the caller's --max-requests-per-caller in flight to the tunnel), body_timeout (408: the body sent nothing for --body-idle-timeout), connect (405: CONNECT), absolute_form (400: absolute-form target), ambiguous_length (400: both Content-Length and Transfer-Encoding).",
 		}, []string{"reason"}),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tether_http_request_duration_seconds",
@@ -107,7 +107,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 	for _, limit := range []string{limitFirstByte, limitEvicted} {
 		m.sessionsLimited.WithLabelValues(limit)
 	}
-	for _, reason := range []string{unroutedCallerBusy, unroutedAmbiguousLength} {
+	for _, reason := range []string{unroutedCallerBusy, unroutedBodyTimeout, unroutedAmbiguousLength} {
 		m.unrouted.WithLabelValues(reason)
 	}
 	m.reg.MustRegister(

@@ -6,9 +6,9 @@
 // layer (the gate: TLS, yamux, one identity per connection, and limits on
 // what a connection may cost before it has logged in), behind it the auth
 // plugin (JWT logins, route rules), and beside it the public HTTP entry
-// (with its own caps on connections and request heads, entrylimits.go, and
-// fair shares of each tunnel's requests, requestslots.go) and the admin
-// endpoints.
+// (with its own caps on connections, request heads and bodies,
+// entrylimits.go and bodywatch.go, and fair shares of each tunnel's
+// requests, requestslots.go) and the admin endpoints.
 //
 //	srv, err := server.New(server.Config{
 //		TunnelAddr: ":7000", HTTPAddr: ":8080", AdminAddr: "127.0.0.1:7700",
@@ -126,6 +126,10 @@ type Config struct {
 	// more are answered 429 caller_busy at once. Default a quarter of
 	// MaxRequestsPerTunnel.
 	MaxRequestsPerCaller int
+	// BodyIdleTimeout is how long a request body may send nothing while
+	// the server waits for it before the request is answered 408 and its
+	// connection closed. Default 30s.
+	BodyIdleTimeout time.Duration
 
 	// Registry is where replicas share which of them serve which tunnel:
 	// "memory" (the default, one replica) or redis://HOST:PORT[/DB] or
@@ -179,6 +183,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxRequestsPerCaller == 0 {
 		c.MaxRequestsPerCaller = max(c.MaxRequestsPerTunnel/callerShareDivisor, 1)
+	}
+	if c.BodyIdleTimeout == 0 {
+		c.BodyIdleTimeout = defaultBodyIdleTimeout
 	}
 	if c.ReplicaID == "" {
 		c.ReplicaID, _ = os.Hostname()
@@ -258,6 +265,9 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--max-requests-per-caller %d: want a positive number, or 0 for a quarter of --max-requests-per-tunnel", c.MaxRequestsPerCaller))
 	case c.MaxRequestsPerTunnel > 0 && c.MaxRequestsPerCaller > c.MaxRequestsPerTunnel:
 		errs = append(errs, fmt.Errorf("--max-requests-per-caller %d is more than --max-requests-per-tunnel %d: a caller's share is part of a tunnel's requests; lower it, or raise --max-requests-per-tunnel", c.MaxRequestsPerCaller, c.MaxRequestsPerTunnel))
+	}
+	if c.BodyIdleTimeout < 0 || c.BodyIdleTimeout > 0 && c.BodyIdleTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("--body-idle-timeout %v: want at least 1s, or 0 for the default %v", c.BodyIdleTimeout, defaultBodyIdleTimeout))
 	}
 	return errors.Join(append(errs, c.validateReplicas()...)...)
 }
