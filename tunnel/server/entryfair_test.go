@@ -559,3 +559,29 @@ func TestLongLived(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkRequestSlot is the fair-share work of every request: its
+// caller, its kind, and its place among the tunnel's slots, taken and
+// given back; and the entry connection's turn from waiting to busy and
+// back. Compare with BenchmarkRequestPath for its share of a request.
+func BenchmarkRequestSlot(b *testing.B) {
+	s := &Server{cfg: Config{MaxRequestsPerTunnel: 1 << 20, MaxRequestsPerCaller: 1 << 20}}
+	s.inflight = newRequestSlots(s.cfg.MaxRequestsPerTunnel, s.cfg.MaxRequestsPerCaller)
+	slots := newConnSlots(1<<20, 1<<20, nil)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		conn, _, _ := slots.admit(connFrom("192.0.2.7"), maxEntryHeadLines)
+		r := &http.Request{RemoteAddr: "192.0.2.7:4711", Header: http.Header{
+			"X-Forwarded-For": {"192.0.2.7"}, "Accept": {"*/*"}, "User-Agent": {"bench"},
+		}}
+		for pb.Next() {
+			slots.busy(conn)
+			slot := requestSlot{tunnel: "alpha", caller: s.callerOf(r), long: longLived(r)}
+			if s.inflight.acquire(slot) != slotGranted {
+				b.Fatal("no slot")
+			}
+			s.inflight.release(slot)
+			slots.wait(conn)
+		}
+	})
+}
