@@ -429,7 +429,9 @@ func trackConns(conn net.Conn, state http.ConnState) {
 		c.slots.wait(c)
 	default:
 		c.head.reading.Store(false)
-		c.slots.busy(c)
+		if c.waiting.Load() { // a request read from the server's buffer
+			c.slots.busy(c)
+		}
 	}
 }
 
