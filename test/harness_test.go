@@ -867,17 +867,23 @@ func freePort(t testing.TB) int {
 // Watching a healthy tunnel
 
 // watcher requests a tunnel over and over in the background and records
-// every request that did not reach the expected backend.
+// every request that did not reach the expected backend, and how long
+// those that did took.
 type watcher struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	ok     atomic.Int64
 	mu     sync.Mutex
 	fails  []string
+	took   []time.Duration
 }
 
 // watch starts a watcher on tunnel, expecting backend want.
-func (s *server) watch(tunnel, want string) *watcher {
+func (s *server) watch(tunnel, want string) *watcher { return s.watchWith(watchc, tunnel, want) }
+
+// watchWith is watch with client c: quickc makes each request on a new
+// connection.
+func (s *server) watchWith(c *http.Client, tunnel, want string) *watcher {
 	ctx, cancel := context.WithCancel(context.Background())
 	w := &watcher{cancel: cancel, done: make(chan struct{})}
 	go func() {
@@ -885,13 +891,17 @@ func (s *server) watch(tunnel, want string) *watcher {
 		tick := time.NewTicker(25 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			e, err := s.echoFromWith(watchc, tunnel, "/watch")
+			start := time.Now()
+			e, err := s.echoFromWith(c, tunnel, "/watch")
 			switch {
 			case err != nil:
 				w.fail(fmt.Sprintf("%s: %v", time.Now().Format("15:04:05.000"), err))
 			case e.Backend != want:
 				w.fail(fmt.Sprintf("%s: answered by backend %q, want %q", time.Now().Format("15:04:05.000"), e.Backend, want))
 			default:
+				w.mu.Lock()
+				w.took = append(w.took, time.Since(start))
+				w.mu.Unlock()
 				w.ok.Add(1)
 			}
 			select {

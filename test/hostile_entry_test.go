@@ -1,8 +1,10 @@
 package test
 
 import (
+	"bufio"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -426,9 +428,10 @@ func TestMetricsNeedTheAdminToken(t *testing.T) {
 }
 
 // TestEntryLimits: the public entry holds at most --max-http-connections
-// connections and closes one more at once, counted and logged; a request
-// head over 32 KiB or 256 lines gets 431; the connections it holds, and
-// the tunnel, are not disturbed.
+// connections; one more closes the one idle longest to make room, or, with
+// none idle, is closed at once, counted and logged; a request head over
+// 32 KiB or 256 lines gets 431; the connections it holds, and the tunnel,
+// are not disturbed.
 func TestEntryLimits(t *testing.T) {
 	t.Parallel()
 	k := newKeys(t)
@@ -438,13 +441,47 @@ func TestEntryLimits(t *testing.T) {
 	srv.waitServed(t, "alpha")
 	httpc.CloseIdleConnections()
 	quickc.CloseIdleConnections()
-	testutil.WaitFor(t, 10*time.Second, func() error {
-		if n := srv.metric(t, "tether_http_connections"); n != 0 {
-			return fmt.Errorf("tether_http_connections = %v, want 0 before the test holds any", n)
-		}
-		return nil
-	})
+	srv.waitHTTPConnections(t, 0)
 
+	// Idle keep-alive connections, the first idle longest.
+	var idle []*bufio.Reader
+	var idleConns []net.Conn
+	for i := range 3 {
+		c, err := net.Dial("tcp", srv.httpAddr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		br := bufio.NewReader(c)
+		if r := keepAliveGet(t, c, br, "alpha"); r != http.StatusOK {
+			t.Fatalf("request on kept-alive connection %d: %d", i, r)
+		}
+		idle, idleConns = append(idle, br), append(idleConns, c)
+	}
+	fourth, err := net.Dial("tcp", srv.httpAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := keepAliveGet(t, fourth, bufio.NewReader(fourth), "alpha"); r != http.StatusOK {
+		t.Fatalf("a fourth connection with three idle ones: %d, want 200", r)
+	}
+	_ = fourth.Close()
+	_ = idleConns[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := idle[0].ReadByte(); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Errorf("the connection idle longest: %v; want it closed to make room", err)
+	}
+	if r := keepAliveGet(t, idleConns[1], idle[1], "alpha"); r != http.StatusOK {
+		t.Errorf("another idle connection: %d, want it kept", r)
+	}
+	if n := srv.metric(t, "tether_connections_refused_total", "reason", "http_idle_evicted"); n != 1 {
+		t.Errorf("tether_connections_refused_total{reason=http_idle_evicted} = %v, want 1", n)
+	}
+	for _, c := range idleConns {
+		_ = c.Close()
+	}
+	srv.waitHTTPConnections(t, 0)
+
+	// Connections sending a head: none idle.
 	var held []net.Conn
 	for range 3 {
 		c, err := net.Dial("tcp", srv.httpAddr)
@@ -452,14 +489,12 @@ func TestEntryLimits(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer c.Close()
+		if _, err := io.WriteString(c, "GET / HTTP/1.1\r\n"); err != nil {
+			t.Fatal(err)
+		}
 		held = append(held, c)
 	}
-	testutil.WaitFor(t, 10*time.Second, func() error {
-		if n := srv.metric(t, "tether_http_connections"); n != 3 {
-			return fmt.Errorf("tether_http_connections = %v, want 3", n)
-		}
-		return nil
-	})
+	srv.waitHTTPConnections(t, 3)
 	if c, err := net.Dial("tcp", srv.httpAddr); err == nil { // a reset may come before the dial returns
 		_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
 		if n, err := c.Read(make([]byte, 1)); n > 0 || errors.Is(err, os.ErrDeadlineExceeded) {
@@ -472,7 +507,7 @@ func TestEntryLimits(t *testing.T) {
 	}
 	logged := false
 	for _, l := range srv.logLines() {
-		logged = logged || l["msg"] == "public entry connection refused: --max-http-connections are open; raise it if callers need more"
+		logged = logged || l["msg"] == "public entry connection refused: --max-http-connections are open, none of them idle; raise it if callers need more"
 	}
 	if !logged {
 		t.Error("the refused connection was not logged")
@@ -481,12 +516,7 @@ func TestEntryLimits(t *testing.T) {
 	for _, c := range held {
 		_ = c.Close()
 	}
-	testutil.WaitFor(t, 10*time.Second, func() error {
-		if n := srv.metric(t, "tether_http_connections"); n != 0 {
-			return fmt.Errorf("tether_http_connections = %v after the connections closed, want 0", n)
-		}
-		return nil
-	})
+	srv.waitHTTPConnections(t, 0)
 	head := "GET / HTTP/1.1\r\nHost: alpha." + domain + "\r\n"
 	for name, fields := range map[string]string{
 		"a 40 KiB head":        "X-Big: " + strings.Repeat("a", 40<<10) + "\r\n",
@@ -500,4 +530,33 @@ func TestEntryLimits(t *testing.T) {
 	if err != nil || r.code != http.StatusOK {
 		t.Errorf("alpha after the limits: %+v %v", r, err)
 	}
+}
+
+// keepAliveGet sends GET / for tunnel on c, a connection kept alive, and
+// reads the answer through br; 0 when that failed.
+func keepAliveGet(t testing.TB, c net.Conn, br *bufio.Reader, tunnel string) int {
+	t.Helper()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	defer func() { _ = c.SetDeadline(time.Time{}) }()
+	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: "+tunnel+"."+domain+"\r\n\r\n"); err != nil {
+		return 0
+	}
+	res, err := http.ReadResponse(br, nil)
+	if err != nil {
+		return 0
+	}
+	_, _ = io.Copy(io.Discard, res.Body)
+	_ = res.Body.Close()
+	return res.StatusCode
+}
+
+// waitHTTPConnections waits until the entry holds want connections.
+func (s *server) waitHTTPConnections(t testing.TB, want float64) {
+	t.Helper()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := s.metric(t, "tether_http_connections"); n != want {
+			return fmt.Errorf("tether_http_connections = %v, want %v", n, want)
+		}
+		return nil
+	})
 }

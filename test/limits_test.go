@@ -49,10 +49,12 @@ func procMemory(t testing.TB, pid int, field string) int64 {
 	return 0
 }
 
+// sourceAddrs are n loopback addresses, each in a /24 of its own, so that
+// only the per-address caps apply to them.
 func sourceAddrs(first, n int) []string {
 	var s []string
 	for i := range n {
-		s = append(s, fmt.Sprintf("127.0.0.%d", first+i))
+		s = append(s, fmt.Sprintf("127.0.%d.1", first+i))
 	}
 	return s
 }

@@ -75,6 +75,29 @@ func TestServerRefusesANegativeAnonymousCap(t *testing.T) {
 	}
 }
 
+// The fair-share flags come from the file, the environment and the
+// command line like every flag; --max-requests-per-caller defaults to 0,
+// which the server reads as a quarter of --max-requests-per-tunnel.
+func TestServerFairShareFlags(t *testing.T) {
+	cfg := writeFile(t, "server.yaml", "max-http-connections-per-ip: 100\nbody-idle-timeout: 10s\n")
+	env := map[string]string{"TETHER_MAX_REQUESTS_PER_CALLER": "64"}
+	var got *ServerOptions
+	run := runners{server: func(o *ServerOptions) error { got = o; return nil }}
+	if code, _, stderr := runTether(t, nil, run, "server"); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if got.MaxHTTPConnectionsPerIP != 1024 || got.MaxRequestsPerCaller != 0 || got.BodyIdleTimeout != 30*time.Second {
+		t.Errorf("defaults: per-ip %d, per-caller %d, body-idle-timeout %v; want 1024, 0, 30s", got.MaxHTTPConnectionsPerIP, got.MaxRequestsPerCaller, got.BodyIdleTimeout)
+	}
+	if code, _, stderr := runTether(t, env, run, "server", "--config", cfg, "--body-idle-timeout", "5s"); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if got.MaxHTTPConnectionsPerIP != 100 || got.MaxRequestsPerCaller != 64 || got.BodyIdleTimeout != 5*time.Second {
+		t.Errorf("per-ip %d (file), per-caller %d (env), body-idle-timeout %v (flag over file); want 100, 64, 5s",
+			got.MaxHTTPConnectionsPerIP, got.MaxRequestsPerCaller, got.BodyIdleTimeout)
+	}
+}
+
 func TestClientRoutesFromFileAndEnv(t *testing.T) {
 	cfg := writeFile(t, "client.yaml", "server: tunnels.example.com:7000\nroute:\n  - /=http://a:80\n  - /x=http://b:80/;timeout=0\n")
 	var got *ClientOptions

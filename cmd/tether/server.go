@@ -46,6 +46,11 @@ type ServerOptions struct {
 	MaxRequestsPerTunnel int
 	MaxHTTPConnections   int
 	MemoryLimit          string
+	// Fair shares of the public entry's connections and of a tunnel's
+	// requests (see "Limits of the public entry" in the README).
+	MaxHTTPConnectionsPerIP int
+	MaxRequestsPerCaller    int
+	BodyIdleTimeout         time.Duration
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -80,8 +85,17 @@ tether clients move to other replicas before their sessions here close, and
 in-flight requests finish, all within --shutdown-timeout; then it exits 0.
 
 A connection must log in promptly, and may send little before it has;
-connections not yet logged in are capped (1024 in all, and
---max-anonymous-per-ip from one address) and closed before TLS over the cap.`,
+connections not yet logged in are capped (1024 in all, --max-anonymous-per-ip
+from one address, four times that from one /24 or IPv6 /48) and closed before
+TLS over the cap; at the cap of 1024 the one that kept the server waiting
+longest makes room, and a quarter of them is kept for addresses whose clients
+were logged in within the hour.
+
+The public entry shares fairly too: --max-http-connections-per-ip from one
+address, and at either cap the connection idle longest makes room; one caller
+holds at most --max-requests-per-caller of a tunnel's requests in flight, and
+websockets and event streams at most half of them; a request body that sends
+nothing for --body-idle-timeout is answered 408.`,
 		Example: `  tether server --domain tunnels.example.com --jwt-public-key /etc/tether/jwt.pub.pem \
     --tls-cert /etc/tether/tls.crt --tls-key /etc/tether/tls.key
 
@@ -114,10 +128,13 @@ connections not yet logged in are capped (1024 in all, and
 	fl.StringSliceVar(&opts.TrustedProxies, "trusted-proxies", nil, "CIDRs (or IPs) of proxies in front of --http-addr whose X-Forwarded-* headers are kept")
 	fl.DurationVar(&opts.HeartbeatTimeout, "heartbeat-timeout", 60*time.Second, "drop a client connection that stays silent this long (a client that returns takes its route over at once anyway)")
 	fl.DurationVar(&opts.ShutdownTimeout, "shutdown-timeout", 25*time.Second, "on SIGTERM, how long clients may take to move to other replicas and in-flight requests to finish before tunnels close")
-	fl.IntVar(&opts.MaxAnonymousPerIP, "max-anonymous-per-ip", 64, "tunnel connections not yet logged in allowed from one client address (an IPv6 /64); more are closed before TLS. Raise it when a load balancer in front hides client addresses (externalTrafficPolicy: Cluster)")
+	fl.IntVar(&opts.MaxAnonymousPerIP, "max-anonymous-per-ip", 64, "tunnel connections not yet logged in allowed from one client address (an IPv6 /64), and four times that from one /24 (IPv6 /48); more are closed before TLS. Raise it when a load balancer in front hides client addresses (externalTrafficPolicy: Cluster)")
 	fl.IntVar(&opts.MaxSessionsPerTunnel, "max-sessions-per-tunnel", 16, "sessions one tunnel may have on this replica (its clients' --connections, summed); more logins are refused")
-	fl.IntVar(&opts.MaxHTTPConnections, "max-http-connections", 8192, "connections the public entry (--http-addr) holds at once, websockets included, and the peer port the same; more are closed at accept")
-	fl.IntVar(&opts.MaxRequestsPerTunnel, "max-requests-per-tunnel", 1024, "requests one tunnel may have in flight on this replica (long polls and event streams included); more are answered 503 tunnel_busy")
+	fl.IntVar(&opts.MaxHTTPConnections, "max-http-connections", 8192, "connections the public entry (--http-addr) holds at once, websockets included, and the peer port the same; at the cap the connection idle longest is closed to make room, and with none idle a new one is closed at accept")
+	fl.IntVar(&opts.MaxHTTPConnectionsPerIP, "max-http-connections-per-ip", 1024, "public entry connections from one caller address (an IPv6 /64), --trusted-proxies not counted; at the cap that address's connection idle longest is closed to make room, and with none idle a new one is closed at accept")
+	fl.IntVar(&opts.MaxRequestsPerTunnel, "max-requests-per-tunnel", 1024, "requests one tunnel may have in flight on this replica (long polls and event streams included; websockets and event streams at most half); more are answered 503 tunnel_busy")
+	fl.IntVar(&opts.MaxRequestsPerCaller, "max-requests-per-caller", 0, "requests one caller (its address, or the client address --trusted-proxies give) may have in flight to one tunnel on this replica, and as many websockets and event streams; more are answered 429 caller_busy (default a quarter of --max-requests-per-tunnel)")
+	fl.DurationVar(&opts.BodyIdleTimeout, "body-idle-timeout", 30*time.Second, "a public request whose body sends nothing this long is answered 408 and its connection closed")
 	fl.StringVar(&opts.Registry, "registry", "memory", "where replicas share which of them serve which tunnel: memory (one replica), or redis://HOST:PORT[/DB] / rediss://... for several")
 	fl.StringVar(&opts.RegistryPasswordFile, "registry-password-file", "", "file holding the Redis password (instead of putting it in --registry)")
 	fl.StringVar(&opts.ReplicaID, "replica-id", "", "this replica's name among the others, e.g. the pod name (default: the hostname)")
@@ -161,7 +178,12 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 
 		MaxSessionsPerTunnel: opts.MaxSessionsPerTunnel,
 		MaxRequestsPerTunnel: opts.MaxRequestsPerTunnel,
+		MaxRequestsPerCaller: opts.MaxRequestsPerCaller,
 		MaxHTTPConnections:   opts.MaxHTTPConnections,
+		BodyIdleTimeout:      opts.BodyIdleTimeout,
+
+		MaxHTTPConnectionsPerIP: opts.MaxHTTPConnectionsPerIP,
+
 		Registry:             opts.Registry,
 		RegistryPasswordFile: opts.RegistryPasswordFile,
 		ReplicaID:            opts.ReplicaID,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -280,4 +281,104 @@ func v2Announce(n uint32) []byte {
 	binary.BigEndian.PutUint16(h[0:2], 16) // message frame
 	binary.BigEndian.PutUint32(h[4:8], n)
 	return append(b, h[:]...)
+}
+
+// Siege keeps PerSource connections from each of Sources to a tunnel port
+// at Addr for as long as it runs: when the server closes one (at a
+// deadline, or to make room for another) it dials again at once, and when
+// the server refuses one at accept it dials again after RefusedPause. A
+// connection sends nothing, or, with Trickle, a TLS record header and then
+// one more byte every Trickle, a ClientHello that never ends.
+type Siege struct {
+	Addr         string
+	Sources      []string
+	PerSource    int
+	Trickle      time.Duration
+	RefusedPause time.Duration
+}
+
+// Sieging is a running Siege.
+type Sieging struct {
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+	dials  atomic.Int64
+	open   atomic.Int64
+}
+
+// Start starts the siege; it runs until Stop or ctx ends.
+func (s Siege) Start(ctx context.Context) *Sieging {
+	ctx, cancel := context.WithCancel(ctx)
+	g := &Sieging{cancel: cancel}
+	for _, src := range s.Sources {
+		for range s.PerSource {
+			g.wg.Go(func() { s.hold(ctx, src, g) })
+		}
+	}
+	return g
+}
+
+// Dials is the number of connections made so far.
+func (g *Sieging) Dials() int64 { return g.dials.Load() }
+
+// Open is the number of connections open now.
+func (g *Sieging) Open() int64 { return g.open.Load() }
+
+// Stop closes every connection and waits for the siege to end.
+func (g *Sieging) Stop() {
+	g.cancel()
+	g.wg.Wait()
+}
+
+// hold keeps one connection from src open until ctx ends.
+func (s Siege) hold(ctx context.Context, src string, g *Sieging) {
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
+	for ctx.Err() == nil {
+		conn, err := d.DialContext(ctx, "tcp", s.Addr)
+		if err == nil {
+			g.dials.Add(1)
+			g.open.Add(1)
+			lived := s.keep(ctx, conn)
+			g.open.Add(-1)
+			if lived >= s.RefusedPause {
+				continue
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(s.RefusedPause):
+		}
+	}
+}
+
+// trickleHead is the start of a TLS record that announces a 16 KiB
+// ClientHello; the rest is zeros.
+var trickleHead = []byte{0x16, 0x03, 0x01, 0x40, 0x00, 0x01}
+
+// keep holds conn until the server closes it or ctx ends, and returns how
+// long it was open.
+func (s Siege) keep(ctx context.Context, conn net.Conn) time.Duration {
+	start := time.Now()
+	stop := context.AfterFunc(ctx, func() { _ = conn.Close() })
+	defer stop()
+	defer conn.Close()
+	buf := make([]byte, 512)
+	for sent := 0; ; sent++ {
+		if s.Trickle > 0 {
+			b := []byte{0}
+			if sent < len(trickleHead) {
+				b[0] = trickleHead[sent]
+			}
+			if _, err := conn.Write(b); err != nil {
+				return time.Since(start)
+			}
+			_ = conn.SetReadDeadline(time.Now().Add(s.Trickle))
+		}
+		if _, err := conn.Read(buf); err != nil {
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return time.Since(start)
+		}
+	}
 }

@@ -37,9 +37,15 @@ func (s *serving) serveEntry(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.setForwarded(r)
+	body, w := s.watchBody(w, r)
 	rec := proxy.NewStatusWriter(w)
 	s.route(rec, r, name, false)
-	s.metrics.requestDuration.WithLabelValues(classLabel(rec.Status())).Observe(time.Since(start).Seconds())
+	status := rec.Status()
+	if body.stalled() {
+		s.answerStalled(body, r)
+		status = http.StatusRequestTimeout
+	}
+	s.metrics.requestDuration.WithLabelValues(classLabel(status)).Observe(time.Since(start).Seconds())
 }
 
 // tunnelWait bounds how long a request for a tunnel that no replica serves
@@ -57,15 +63,15 @@ const tunnelWait = 3 * time.Second
 // tunnel_down (502 replica_unreachable when a holder could not be
 // connected to). A request a
 // replica forwarded (fromPeer) is served here or refused at once: the
-// replica that forwarded it tries the next holder. Beyond
-// MaxRequestsPerTunnel requests in flight for the tunnel here, whichever way
-// they go, a request gets 503 tunnel_busy at once.
+// replica that forwarded it tries the next holder. A request beyond the
+// tunnel's slots here (requestslots.go), whichever way it goes, is answered
+// at once: 503 tunnel_busy, or 429 caller_busy beyond its caller's share.
 func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fromPeer bool) {
-	if !s.inflight.acquire(name) {
-		s.answerBusy(w, r, name)
+	slot, ok := s.takeSlot(w, r, name)
+	if !ok {
 		return
 	}
-	defer s.inflight.release(name)
+	defer s.inflight.release(slot)
 	body := guardBody(r)
 	var tried []*Session
 	var passed []string // holders a forward passed over: unreachable, or no longer serving
@@ -170,50 +176,6 @@ func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name st
 	s.metrics.unrouted.WithLabelValues("tunnel_down").Inc()
 	proxy.WriteError(w, http.StatusServiceUnavailable, "tunnel_down",
 		fmt.Sprintf("tether: tunnel %q is not connected; check the tether client in that cluster", name))
-}
-
-// answerBusy answers a request beyond its tunnel's MaxRequestsPerTunnel.
-func (s *serving) answerBusy(w http.ResponseWriter, r *http.Request, name string) {
-	s.metrics.unrouted.WithLabelValues("tunnel_busy").Inc()
-	s.floodLog.Warn("request refused: the tunnel has too many requests in flight",
-		zap.String("tunnel", name), zap.Int("limit", s.cfg.MaxRequestsPerTunnel),
-		zap.String("method", r.Method), zap.String("path", r.URL.Path))
-	w.Header().Set("Retry-After", "1")
-	proxy.WriteError(w, http.StatusServiceUnavailable, "tunnel_busy", fmt.Sprintf(
-		"tether: tunnel %q has %d requests in flight on this server, its limit (--max-requests-per-tunnel); retry later",
-		name, s.cfg.MaxRequestsPerTunnel))
-}
-
-// inflight counts the requests in flight per tunnel on this replica, up to
-// a limit, so that one tunnel's flood cannot take the replica's memory.
-type inflight struct {
-	limit int
-	mu    sync.Mutex
-	n     map[string]int // tunnel name -> requests; no entry for none
-}
-
-func newInflight(limit int) *inflight { return &inflight{limit: limit, n: make(map[string]int)} }
-
-// acquire counts a request for tunnel name, unless it has limit already.
-func (l *inflight) acquire(name string) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.n[name] >= l.limit {
-		return false
-	}
-	l.n[name]++
-	return true
-}
-
-// release uncounts a request acquire counted.
-func (l *inflight) release(name string) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.n[name] <= 1 {
-		delete(l.n, name)
-		return
-	}
-	l.n[name]--
 }
 
 // serveBy serves the request through sess and reports whether it is done:
@@ -404,10 +366,11 @@ func (s *Server) trusts(ip string) bool {
 		return false
 	}
 	addr, err := netip.ParseAddr(ip)
-	if err != nil {
-		return false
-	}
-	addr = addr.Unmap()
+	return err == nil && s.trustsAddr(addr.Unmap())
+}
+
+// trustsAddr reports whether addr is in --trusted-proxies.
+func (s *Server) trustsAddr(addr netip.Addr) bool {
 	for _, p := range s.cfg.TrustedProxies {
 		if p.Contains(addr) {
 			return true

@@ -197,6 +197,11 @@ func TestConfigValidate(t *testing.T) {
 		{"cert without key", func(c *Config) { c.TLSCertFile = "tls.crt" }, "--tls-key"},
 		{"negative request limit", func(c *Config) { c.MaxRequestsPerTunnel = -1 }, "--max-requests-per-tunnel"},
 		{"negative connection limit", func(c *Config) { c.MaxHTTPConnections = -1 }, "--max-http-connections"},
+		{"negative per-address connection limit", func(c *Config) { c.MaxHTTPConnectionsPerIP = -1 }, "--max-http-connections-per-ip"},
+		{"negative caller share", func(c *Config) { c.MaxRequestsPerCaller = -1 }, "--max-requests-per-caller"},
+		{"caller share over the tunnel's", func(c *Config) { c.MaxRequestsPerTunnel, c.MaxRequestsPerCaller = 8, 9 }, "--max-requests-per-caller 9 is more than --max-requests-per-tunnel 8"},
+		{"caller share of a small tunnel", func(c *Config) { c.MaxRequestsPerTunnel = 3 }, ""},
+		{"body timeout under a second", func(c *Config) { c.BodyIdleTimeout = time.Millisecond }, "--body-idle-timeout"},
 		{"IPv6 peer address without brackets", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a:7443" }, ""},
 		{"IPv6 wildcard without brackets", func(c *Config) { c.PeerAdvertiseAddr = ":::7443" }, "wildcard"},
 		{"IPv6 address without a port", func(c *Config) { c.PeerAdvertiseAddr = "fd00::a" }, "--peer-advertise-addr"},
@@ -274,7 +279,7 @@ func TestTunnelBusy(t *testing.T) {
 	const limit = 3
 	core, logs := observer.New(zapcore.WarnLevel)
 	log := zap.New(zapcore.NewTee(zaptest.NewLogger(t, zaptest.Level(zap.InfoLevel)).Core(), core))
-	s := startServerLog(t, 0, log, func(c *Config) { c.MaxRequestsPerTunnel = limit })
+	s := startServerLog(t, 0, log, func(c *Config) { c.MaxRequestsPerTunnel, c.MaxRequestsPerCaller = limit, limit })
 	arrived := make(chan struct{}, limit)
 	release := make(chan struct{})
 	s.startClient(t, "alpha", newHTTPTestServer(t, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -340,7 +345,7 @@ func TestTunnelBusy(t *testing.T) {
 	}
 	s.inflight.mu.Lock()
 	defer s.inflight.mu.Unlock()
-	if len(s.inflight.n) != 0 {
-		t.Errorf("requests in flight after all ended: %v, want none", s.inflight.n)
+	if len(s.inflight.tunnels) != 0 || len(s.inflight.callers) != 0 {
+		t.Errorf("requests in flight after all ended: %v %v, want none", s.inflight.tunnels, s.inflight.callers)
 	}
 }

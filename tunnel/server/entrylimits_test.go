@@ -21,17 +21,12 @@ import (
 // dialEntry opens a TCP connection to the public entry, closed when the
 // test ends. A connection the server reset before the dial returned is
 // nil.
-func dialEntry(t testing.TB, s *testServer) net.Conn {
+func dialEntry(t testing.TB, s *testServer) net.Conn { return dialEntryFrom(t, s, "127.0.0.1") }
+
+// dialEntryFrom is dialEntry from the local address src.
+func dialEntryFrom(t testing.TB, s *testServer, src string) net.Conn {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", strings.TrimPrefix(s.entry, "http://"), 5*time.Second)
-	if errors.Is(err, syscall.ECONNRESET) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = c.Close() })
-	return c
+	return dialRefusable(t, strings.TrimPrefix(s.entry, "http://"), src)
 }
 
 // closedByServer reports whether the server closed c (or reset it) within
@@ -54,15 +49,26 @@ func closedByServer(c net.Conn, d time.Duration) error {
 	}
 }
 
+// waitingCount is the number of connections waiting for a request.
+func (c *connSlots) waitingCount() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for conn := c.waiting.front(); conn != nil; conn = conn.links[allSources].next {
+		n++
+	}
+	return n
+}
+
 func (s *testServer) waitEntryConns(t testing.TB, want int) {
 	t.Helper()
 	waitCount(t, "entry connections open", s.entryConns.count, want)
 }
 
 // The public entry holds at most MaxHTTPConnections connections, websockets
-// included; one more is closed at accept and counted, and the ones it holds
-// are not disturbed. A slot comes back when its connection closes, hijacked
-// or not.
+// included; with none of them waiting for a request, one more is closed at
+// accept and counted, and the ones it holds are not disturbed. A slot comes
+// back when its connection closes, hijacked or not.
 func TestEntryConnectionCap(t *testing.T) {
 	const limit = 4
 	s := startServer(t, func(c *Config) { c.MaxHTTPConnections = limit })
@@ -76,15 +82,19 @@ func TestEntryConnectionCap(t *testing.T) {
 	ws := upgrade(t, s.entry, "alpha")
 	defer ws.Close()
 	for range limit - 1 {
-		dialEntry(t, s) // sends nothing: held until ReadHeaderTimeout
+		// Part of a head: held until ReadHeaderTimeout, and not waiting.
+		if _, err := io.WriteString(dialEntry(t, s), "GET / HTTP/1.1\r\n"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	s.waitEntryConns(t, limit)
+	waitCount(t, "entry connections waiting for a request", s.entryConns.waitingCount, 0)
 
-	refused := s.refusedConns(refusedHTTPConnections)
+	refused := s.refusedConns(entryCapLabels.refused)
 	if err := closedByServer(dialEntry(t, s), 5*time.Second); err != nil {
 		t.Errorf("a connection beyond --max-http-connections: %v; want it closed at once", err)
 	}
-	if got := s.refusedConns(refusedHTTPConnections) - refused; got != 1 {
+	if got := s.refusedConns(entryCapLabels.refused) - refused; got != 1 {
 		t.Errorf("tether_connections_refused_total{reason=http_connections} rose by %v, want 1", got)
 	}
 	ws.echo(t, "still here") // the connections held are not disturbed
@@ -174,7 +184,7 @@ func TestEntryFloodMemory(t *testing.T) {
 		t.Run(a.name, func(t *testing.T) {
 			s.waitEntryConns(t, 0)
 			before := serverMemory()
-			refused := s.refusedConns(refusedHTTPConnections)
+			refused := s.refusedConns(entryCapLabels.refused) + s.refusedConns(entryCapLabels.evicted)
 			var held []net.Conn
 			for range conns {
 				if c := dialEntry(t, s); c != nil {
@@ -182,10 +192,13 @@ func TestEntryFloodMemory(t *testing.T) {
 					held = append(held, c)
 				}
 			}
+			// Connections that wait for a request (all of the idle
+			// attack's, the others' until their head is read) are evicted
+			// by the newer ones; the rest are refused.
 			wait.WaitFor(t, 10*time.Second, func() error {
-				r := s.refusedConns(refusedHTTPConnections) - refused
+				r := s.refusedConns(entryCapLabels.refused) + s.refusedConns(entryCapLabels.evicted) - refused
 				if n := s.entryConns.count(); n != limit || r != conns-limit {
-					return fmt.Errorf("%d entry connections held, %v refused; want %d and %d", n, r, limit, conns-limit)
+					return fmt.Errorf("%d entry connections held, %v refused or evicted; want %d and %d", n, r, limit, conns-limit)
 				}
 				return nil
 			})
@@ -226,48 +239,66 @@ func headerFields(n, size int) string {
 	return b.String()
 }
 
-// headLinesOf is what headLines counts, the plain way: the non-blank lines
-// of the head, up to the first blank line after the request line.
-func headLinesOf(b []byte) (lines int, ended bool) {
+// headLinesOf is what headLines reads, the plain way: the non-blank lines
+// of the head, up to the first blank line after the request line, and
+// whether its header lines (the request line is not one) name both
+// Content-Length and Transfer-Encoding.
+func headLinesOf(b []byte) (lines int, ended, ambiguous bool) {
+	var cl, te bool
 	for _, line := range bytes.SplitAfter(b, []byte("\n")) {
 		if !bytes.HasSuffix(line, []byte("\n")) {
 			break // not ended yet
 		}
 		switch blank := len(line) <= 2 && (len(line) == 1 || line[0] == '\r'); {
 		case blank && lines > 0:
-			return lines, true
+			return lines, true, cl && te
 		case !blank:
+			if lines > 0 {
+				name, _, _ := strings.Cut(strings.ToLower(string(line)), ":")
+				cl = cl || name == "content-length" && strings.Contains(string(line), ":")
+				te = te || name == "transfer-encoding" && strings.Contains(string(line), ":")
+			}
 			lines++
 		}
 	}
-	return lines, false
+	return lines, false, false
 }
 
 // However a head arrives, in one read or byte by byte, headLines counts its
 // lines as headLinesOf does, stops at its end, and refuses it exactly when
-// it has more than max.
+// it has more than max lines, or, at its end, both framing headers.
 func FuzzHeadLines(f *testing.F) {
 	f.Add([]byte("GET / HTTP/1.1\r\nHost: a\r\n\r\nbody\nbody\n"), uint8(3), uint8(2))
 	f.Add([]byte("\r\n\nGET / HTTP/1.1\nA: b\nC: d\n\n"), uint8(1), uint8(1))
 	f.Add([]byte("GET / HTTP/1.1\r\nA: b\r\nA: b\r\nA: b\r"), uint8(5), uint8(2))
+	f.Add([]byte("POST / HTTP/1.1\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n"), uint8(4), uint8(8))
+	f.Add([]byte("POST / HTTP/1.1\r\ntransfer-ENCODING:chunked\r\nX: y\r\ncontent-length:0\r\n\r\n"), uint8(0), uint8(8))
+	f.Add([]byte("POST /content-length: HTTP/1.1\r\nX-Content-Length: 1\r\nTransfer-Encoding: chunked\r\n\r\n"), uint8(6), uint8(8))
 	f.Fuzz(func(t *testing.T, head []byte, split, maxLines uint8) {
 		h := headLines{max: int(maxLines)}
 		h.start()
-		tooMany := false
-		for rest := head; len(rest) > 0 && h.reading.Load() && !tooMany; {
+		answer := headOK
+		for rest := head; len(rest) > 0 && h.reading.Load() && answer == headOK; {
 			n := min(len(rest), int(split)+1)
-			tooMany = h.scan(rest[:n])
+			answer = h.scan(rest[:n])
 			rest = rest[n:]
 		}
-		lines, ended := headLinesOf(head)
+		lines, ended, ambiguous := headLinesOf(head)
+		tooMany := answer == headTooManyLines
 		if want := lines > int(maxLines); tooMany != want {
 			t.Fatalf("%q (max %d, pieces of %d): refused %v, want %v (%d lines)", head, maxLines, int(split)+1, tooMany, want, lines)
 		}
-		if !tooMany && h.reading.Load() == ended {
+		if tooMany {
+			return
+		}
+		if h.reading.Load() == ended {
 			t.Fatalf("%q: still reading %v, want %v (head ended %v)", head, h.reading.Load(), !ended, ended)
 		}
-		if !tooMany && !ended && h.lines != lines {
+		if !ended && h.lines != lines {
 			t.Fatalf("%q: counted %d lines, want %d", head, h.lines, lines)
+		}
+		if got := answer == headAmbiguousLength; got != ambiguous {
+			t.Fatalf("%q (pieces of %d): refused for both framing headers %v, want %v", head, int(split)+1, got, ambiguous)
 		}
 	})
 }

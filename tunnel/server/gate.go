@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,10 +72,13 @@ func (s *serving) serveTunnel(ln net.Listener) error {
 			continue
 		}
 		delay = 0
-		slot, refused := s.anonymous.acquire(conn.RemoteAddr())
+		slot, victim, refused := s.anonymous.acquire(conn, time.Now())
 		if slot == nil {
 			s.refuseConn(conn, refused)
 			continue
+		}
+		if victim != nil {
+			s.evict(victim)
 		}
 		s.conns.Add(1) // done when the session has ended (runAccept)
 		go s.serveTunnelConn(conn, slot)
@@ -87,11 +91,24 @@ func (s *serving) refuseConn(conn net.Conn, reason string) {
 	s.metrics.connectionsRefused.WithLabelValues(reason).Inc() // counted before the client sees it
 	resetConn(conn)
 	limit := s.cfg.MaxAnonymous
-	if reason == refusedAnonymousPerIP {
-		limit = s.cfg.MaxAnonymousPerIP
+	switch reason {
+	case refusedAnonymousPerIP:
+		limit = s.anonymous.perIP
+	case refusedAnonymousPerSubnet:
+		limit = s.anonymous.perSubnet
 	}
 	s.floodLog.Warn("tunnel connection refused: too many connections that have not logged in",
 		zap.String("client_address", conn.RemoteAddr().String()), zap.String("reason", reason), zap.Int("limit", limit))
+}
+
+// evict closes an anonymous connection, at once and with a reset, to make
+// room for a new one (anonymousSlots); its goroutine sees the end and
+// finishes.
+func (s *serving) evict(victim *anonymousSlot) {
+	s.metrics.sessionsLimited.WithLabelValues(limitEvicted).Inc() // counted before the client sees it
+	resetConn(victim.conn)
+	s.floodLog.Warn("tunnel connection closed to make room: too many connections that have not logged in; this one kept the server waiting longest",
+		zap.String("client_address", victim.conn.RemoteAddr().String()), zap.Int("limit", s.cfg.MaxAnonymous))
 }
 
 // serveTunnelConn runs one client connection: the handshake, then the
@@ -112,10 +129,13 @@ func (s *serving) serveTunnelConn(raw net.Conn, slot *anonymousSlot) {
 // records the session; nil when the handshake failed.
 func (s *serving) openSession(raw net.Conn, slot *anonymousSlot) *Session {
 	limits := newConnLimits(loginBudget)
-	gatherer := tunnel.NewGatherer(&budgetConn{Conn: raw, limits: limits})
+	gatherer := tunnel.NewGatherer(&budgetConn{Conn: raw, limits: limits, slot: slot})
 	conn, transport, err := s.handshake(gatherer)
 	if err != nil {
 		_ = raw.Close()
+		if errors.Is(err, errNoFirstByte) {
+			_ = limits.trip(&limitError{reason: limitFirstByte, detail: err.Error()})
+		}
 		if lim := limits.tripped.Load(); lim != nil {
 			s.metrics.sessionsLimited.WithLabelValues(lim.reason).Inc()
 		}
@@ -273,6 +293,7 @@ func (s *serving) endSession(sess *Session, endErr error) {
 	s.sessions.leave(sess)
 	sess.finish()
 	if sess.Tunnel() != "" {
+		sess.slot.loggedOut()
 		info := sess.Info()
 		sess.logger().Info("tunnel disconnected", zap.String("reason", sess.CloseReason()),
 			zap.Duration("duration", time.Since(info.ConnectedSince)),
@@ -331,6 +352,7 @@ func (s *serving) admitStream(sess *Session, stream net.Conn) {
 		return
 	}
 	sess.opened.Store(true)
+	sess.slot.loginArrived()
 	switch m := op.Msg.(type) {
 	case *msg.Login:
 		if _, probe := m.Metas[tunnel.ProbeMetaKey]; probe {
@@ -400,19 +422,28 @@ func (s *serving) toFRP(sess *Session, op *opening, stream net.Conn) {
 	}
 }
 
+// errNoFirstByte: a connection sent nothing within firstByteTimeout.
+var errNoFirstByte = fmt.Errorf("no TLS handshake within %v of connecting", firstByteTimeout)
+
 // handshake performs TLS (accepting frp's optional 0x17 first byte) and, when
 // the client speaks HTTP inside TLS, the wss upgrade.
 func (s *serving) handshake(raw net.Conn) (net.Conn, string, error) {
-	_ = raw.SetDeadline(time.Now().Add(handshakeTimeout))
+	start := time.Now()
+	_ = raw.SetDeadline(start.Add(handshakeTimeout))
+	_ = raw.SetReadDeadline(start.Add(firstByteTimeout))
 	defer func() { _ = raw.SetDeadline(time.Time{}) }()
 
 	// Peeking needs a few bytes, and reads larger than the buffer bypass it:
 	// the smallest buffer saves 4 KiB per connection.
 	br := bufio.NewReaderSize(raw, peekBufferSize)
 	first, err := br.Peek(1)
+	if errors.Is(err, os.ErrDeadlineExceeded) {
+		return nil, "", errNoFirstByte
+	}
 	if err != nil {
 		return nil, "", fmt.Errorf("read first byte: %w", err)
 	}
+	_ = raw.SetReadDeadline(start.Add(handshakeTimeout))
 	if first[0] == frpTLSHeadByte {
 		_, _ = br.Discard(1)
 	} else if first[0] != tlsRecordHandshake {

@@ -4,8 +4,6 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net"
-	"net/netip"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -13,11 +11,13 @@ import (
 // The gate's limits: what a connection that has not logged in (anonymous)
 // can make the server hold, and how many streams a session may open. Each
 // limit says what it bounds; the worst case they add up to is measured by
-// TestAnonymousFloodMemory and stated in README.md ("Limits of the tunnel
+// TestAnonymousFloodMemory and stated in docs/limits.md ("Limits of the tunnel
 // port").
 //
 // An anonymous connection goes through: TCP accept (a slot among
-// MaxAnonymous and MaxAnonymousPerIP, or closed at once, before TLS) → TLS
+// MaxAnonymous, MaxAnonymousPerIP and the per-network cap, or closed at
+// once, before TLS; at MaxAnonymous the stalest anonymous connection makes
+// room, see anonymousSlots) → its first byte within firstByteTimeout → TLS
 // (or wss) handshake within handshakeTimeout → one stream whose first frp
 // message (the login, or a probe) arrives within loginOpeningTimeout and
 // is at most maxOpeningSize → the login verified within LoginTimeout. All
@@ -44,6 +44,16 @@ const (
 	// every client shares a node's address: raise --max-anonymous-per-ip
 	// there, or keep client addresses.
 	defaultMaxAnonymousPerIP = 64
+
+	// firstByteTimeout bounds the wait for a connection's first byte (the
+	// ClientHello, or frp's 0x17 before it). A client sends it as soon as
+	// its TCP connect returns, so it arrives within a round trip, or
+	// within 3 s when the path loses it twice (TCP retransmits after 1 s,
+	// then 2 s more). Until then the connection is a bare TCP connect,
+	// which costs its sender nothing to hold: the rest of
+	// handshakeTimeout would let 1,024 slots be held with 100 connects a
+	// second.
+	firstByteTimeout = 5 * time.Second
 
 	// loginBudget bounds the bytes a connection may send before its login
 	// is verified, counted on the TCP connection: the TLS handshake, the
@@ -115,90 +125,21 @@ const (
 	limitPings             = "pings"
 	limitNoLogin           = "no_login"
 	limitLoginTimeout      = "login_timeout"
+	// The anonymous connection's first byte did not come within
+	// firstByteTimeout.
+	limitFirstByte = "first_byte"
+	// The anonymous connection was evicted to make room for a new one
+	// (anonymousSlots).
+	limitEvicted = "evicted"
 )
 
 // Reasons for refusing a connection at accept (label values of
 // tether_connections_refused_total).
 const (
-	refusedAnonymous      = "anonymous"
-	refusedAnonymousPerIP = "anonymous_per_ip"
+	refusedAnonymous          = "anonymous"
+	refusedAnonymousPerIP     = "anonymous_per_ip"
+	refusedAnonymousPerSubnet = "anonymous_per_subnet"
 )
-
-// anonymousSlots counts the connections that have not logged in, in total
-// and by source address.
-type anonymousSlots struct {
-	max, perIP int
-	mu         sync.Mutex
-	total      int
-	byIP       map[netip.Addr]int
-}
-
-func newAnonymousSlots(maxTotal, perIP int) *anonymousSlots {
-	return &anonymousSlots{max: maxTotal, perIP: perIP, byIP: make(map[netip.Addr]int)}
-}
-
-// acquire takes a slot for a connection from remote, or returns the reason
-// it may not have one.
-func (a *anonymousSlots) acquire(remote net.Addr) (*anonymousSlot, string) {
-	ip := sourceKey(remote)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.total >= a.max {
-		return nil, refusedAnonymous
-	}
-	if a.byIP[ip] >= a.perIP {
-		return nil, refusedAnonymousPerIP
-	}
-	a.total++
-	a.byIP[ip]++
-	return &anonymousSlot{slots: a, ip: ip}, ""
-}
-
-// count is the number of slots taken.
-func (a *anonymousSlots) count() int {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.total
-}
-
-// sourceKey is what the per-address cap counts by: the IPv4 address, or
-// the /64 of an IPv6 address (one subscriber's or one host's prefix).
-func sourceKey(remote net.Addr) netip.Addr {
-	ta, ok := remote.(*net.TCPAddr)
-	if !ok {
-		return netip.Addr{}
-	}
-	ip := ta.AddrPort().Addr().Unmap()
-	if ip.Is6() {
-		p, _ := ip.Prefix(64)
-		return p.Addr()
-	}
-	return ip
-}
-
-// anonymousSlot is one connection's place among the anonymous ones. A nil
-// slot is none.
-type anonymousSlot struct {
-	slots *anonymousSlots
-	ip    netip.Addr
-	once  sync.Once
-}
-
-// release gives the slot back; later calls do nothing.
-func (s *anonymousSlot) release() {
-	if s == nil {
-		return
-	}
-	s.once.Do(func() {
-		a := s.slots
-		a.mu.Lock()
-		defer a.mu.Unlock()
-		a.total--
-		if a.byIP[s.ip]--; a.byIP[s.ip] <= 0 {
-			delete(a.byIP, s.ip)
-		}
-	})
-}
 
 // connLimits are the limits of one connection: what it may still send
 // before its login is verified (lifted at login), and the first limit it
@@ -241,9 +182,12 @@ func (l *connLimits) overBudget() *limitError {
 
 // budgetConn charges what is read from the TCP connection to the login
 // budget. Reads stop at the budget, so nothing beyond it is even read.
+// Until the login, it tells the connection's slot when the server waits
+// for the client.
 type budgetConn struct {
 	net.Conn
 	limits *connLimits
+	slot   *anonymousSlot
 }
 
 func (c *budgetConn) Read(p []byte) (int, error) {
@@ -257,7 +201,9 @@ func (c *budgetConn) Read(p []byte) (int, error) {
 	if int64(len(p)) > left {
 		p = p[:left]
 	}
+	c.slot.waitingSince.Store(time.Now().UnixNano())
 	n, err := c.Conn.Read(p)
+	c.slot.waitingSince.Store(0)
 	c.limits.left.Add(int64(-n))
 	return n, err
 }

@@ -68,11 +68,23 @@ func waitCount(t testing.TB, what string, count func() int, want int) {
 	})
 }
 
+// evictAfter sets how long a client must have kept its anonymous
+// connection waiting before the connection may be evicted.
+func (s *testServer) evictAfter(d time.Duration) {
+	s.anonymous.mu.Lock()
+	defer s.anonymous.mu.Unlock()
+	s.anonymous.silence = d
+}
+
 // Connections that have not logged in are capped per source address and
 // in total, from TCP accept: a TLS slowloris counts, and one over a cap is
-// closed before TLS. A login, or the end of the connection, frees the slot.
+// closed before TLS. A quarter of the total is kept for addresses whose
+// clients logged in. A login, or the end of the connection, frees the
+// slot. (Nothing here is silent long enough to be evicted.)
 func TestAnonymousConnectionsAreCappedBeforeTLS(t *testing.T) {
-	s := startServer(t, func(c *Config) { c.MaxAnonymous, c.MaxAnonymousPerIP = 5, 3 })
+	const maxAnonymous, reserved = 8, 2
+	s := startServer(t, func(c *Config) { c.MaxAnonymous, c.MaxAnonymousPerIP = maxAnonymous, 3 })
+	s.evictAfter(time.Hour)
 	refusedAtOnce := func(t *testing.T, src string) {
 		t.Helper()
 		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
@@ -97,31 +109,39 @@ func TestAnonymousConnectionsAreCappedBeforeTLS(t *testing.T) {
 		t.Errorf("tether_connections_refused_total{reason=anonymous_per_ip} = %v, want 1", got)
 	}
 
-	// Another address gets in, up to the total.
+	// Other addresses get in, up to what unknown addresses may hold.
 	other := dialRawFrom(t, s.tunnel, "127.0.0.3")
 	dialTCPFrom(t, s.tunnel, "127.0.0.3")
-	s.waitAnonymous(t, 5)
-	refusedAtOnce(t, "127.0.0.4")
+	dialTCPFrom(t, s.tunnel, "127.0.0.4")
+	s.waitAnonymous(t, maxAnonymous-reserved)
+	refusedAtOnce(t, "127.0.0.5")
 	if got := s.refusedConns(refusedAnonymous); got != 1 {
 		t.Errorf("tether_connections_refused_total{reason=anonymous} = %v, want 1", got)
 	}
 
-	// A login frees its slot.
+	// A login frees its slot, and makes its address known: it may use the
+	// reserved slots, and an unknown one the slot the login freed.
 	if resp, _ := other.login(s.keys.token(t, "alpha", time.Hour), ""); resp.Error != "" {
 		t.Fatalf("login: %s", resp.Error)
 	}
-	s.waitAnonymous(t, 4)
-	dialRawFrom(t, s.tunnel, "127.0.0.4")
+	s.waitAnonymous(t, maxAnonymous-reserved-1)
+	dialTCPFrom(t, s.tunnel, "127.0.0.3")
+	dialTCPFrom(t, s.tunnel, "127.0.0.5")
+	s.waitAnonymous(t, maxAnonymous-reserved+1)
+	refusedAtOnce(t, "127.0.0.6")
+	if got := s.refusedConns(refusedAnonymous); got != 2 {
+		t.Errorf("tether_connections_refused_total{reason=anonymous} = %v, want 2", got)
+	}
 
 	// So does the end of a connection.
 	for _, c := range held {
 		_ = c.Close()
 	}
-	s.waitAnonymous(t, 2)
+	s.waitAnonymous(t, maxAnonymous-reserved-2)
 	for range 3 {
 		dialRawFrom(t, s.tunnel, "127.0.0.2")
 	}
-	s.waitAnonymous(t, 5)
+	s.waitAnonymous(t, maxAnonymous-reserved+1)
 }
 
 // The per-address cap counts an IPv6 client by its /64.

@@ -62,11 +62,11 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		}, []string{"reason"}),
 		connectionsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_connections_refused_total",
-			Help: "Connections closed at accept: tunnel connections, before TLS, because too many that have not logged in are open, in total (anonymous) or from the client's address (anonymous_per_ip); public entry connections beyond --max-http-connections (http_connections), and peer port connections beyond it (peer_connections).",
+			Help: "Connections closed at accept: tunnel connections, before TLS, because too many that have not logged in are open, in total with none to evict (anonymous), from the client's address (anonymous_per_ip) or from its /24 or IPv6 /48 (anonymous_per_subnet); public entry connections beyond --max-http-connections with none idle (http_connections) or beyond --max-http-connections-per-ip from the caller's address with none of them idle (http_connections_per_ip), and peer port connections beyond --max-http-connections (peer_connections). Also idle keep-alive connections closed to make room for a new one: at --max-http-connections (http_idle_evicted, peer_idle_evicted) and at --max-http-connections-per-ip, the caller's own (http_idle_evicted_per_ip).",
 		}, []string{"reason"}),
 		sessionsLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_sessions_closed_by_limit_total",
-			Help: "Tunnel connections closed for going over a limit, by limit: login_budget (sent too much before logging in), stream_before_login, no_login (no login soon after the handshake), login_timeout, streams (too many open at once), pings (too frequent).",
+			Help: "Tunnel connections closed for going over a limit, by limit: first_byte (no TLS handshake within 5s of connecting), evicted (not logged in, closed to make room at the anonymous cap as the one that kept the server waiting longest), login_budget (sent too much before logging in), stream_before_login, no_login (no login soon after the handshake), login_timeout, streams (too many open at once), pings (too frequent).",
 		}, []string{"limit"}),
 		probes: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_login_probes_total",
@@ -74,7 +74,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		}, []string{"result"}),
 		unrouted: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "tether_http_unrouted_requests_total",
-			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), tunnel_disconnected (502: every session of the tunnel failed under the request), tunnel_busy (503: --max-requests-per-tunnel in flight), connect (405: CONNECT), absolute_form (400: absolute-form target).",
+			Help: "Public HTTP requests answered by tether itself, by reason: unknown_host (404), tunnel_down (503), tunnel_disconnected (502: every session of the tunnel failed under the request), tunnel_busy (503: --max-requests-per-tunnel in flight, or half of it in websockets and event streams), caller_busy (429: the caller's --max-requests-per-caller in flight to the tunnel), body_timeout (408: the body sent nothing for --body-idle-timeout), connect (405: CONNECT), absolute_form (400: absolute-form target), ambiguous_length (400: both Content-Length and Transfer-Encoding).",
 		}, []string{"reason"}),
 		requestDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "tether_http_request_duration_seconds",
@@ -97,6 +97,19 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 			Name: "tether_peer_refused_total",
 			Help: "Connections to the peer port refused at the TLS handshake: no certificate of a replica of this fleet (another --peer-secret-file or --peer-tls-ca, an earlier version, or no replica).",
 		}),
+	}
+	// The fairness limits' label values exist from the start, at 0, so that
+	// alerts on them see a rise from the first event.
+	for _, reason := range []string{
+		refusedAnonymousPerSubnet, entryCapLabels.refusedPerIP, entryCapLabels.evicted, entryCapLabels.evictedPerIP, peerCapLabels.evicted,
+	} {
+		m.connectionsRefused.WithLabelValues(reason)
+	}
+	for _, limit := range []string{limitFirstByte, limitEvicted} {
+		m.sessionsLimited.WithLabelValues(limit)
+	}
+	for _, reason := range []string{unroutedCallerBusy, unroutedBodyTimeout, unroutedAmbiguousLength} {
+		m.unrouted.WithLabelValues(reason)
 	}
 	m.reg.MustRegister(
 		m.forwarded, m.peerServed, m.peerRefused, m.sessionsSilent, registry.NewCollector(reg),

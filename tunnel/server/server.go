@@ -6,8 +6,9 @@
 // layer (the gate: TLS, yamux, one identity per connection, and limits on
 // what a connection may cost before it has logged in), behind it the auth
 // plugin (JWT logins, route rules), and beside it the public HTTP entry
-// (with its own caps on connections and request heads, entrylimits.go) and
-// the admin endpoints.
+// (with its own caps on connections, request heads and bodies,
+// entrylimits.go and bodywatch.go, and fair shares of each tunnel's
+// requests, requestslots.go) and the admin endpoints.
 //
 //	srv, err := server.New(server.Config{
 //		TunnelAddr: ":7000", HTTPAddr: ":8080", AdminAddr: "127.0.0.1:7700",
@@ -88,13 +89,16 @@ type Config struct {
 	// LoginTimeout is how long a new connection has to log in. Default 30s.
 	LoginTimeout time.Duration
 	// MaxAnonymous caps the tunnel connections that have not logged in,
-	// counted from TCP accept; more are closed at once, before TLS.
-	// Default 1024, which bounds their memory to at most 160 MiB (see
-	// limits.go and README.md).
+	// counted from TCP accept. At the cap the one that has kept the server
+	// waiting longest is closed to make room, or with none the new one is
+	// closed at once, before TLS; a quarter is kept for addresses whose
+	// clients were logged in lately (anonymous.go). Default 1024, which
+	// bounds their memory to at most 160 MiB (see limits.go and docs/limits.md).
 	MaxAnonymous int
 	// MaxAnonymousPerIP caps the connections that have not logged in from
-	// one source address (an IPv6 /64). Default 64. Raise it when a load
-	// balancer in front hides the clients' addresses.
+	// one source address (an IPv6 /64), and four times it those from one
+	// /24 (IPv6 /48). Default 64. Raise it when a load balancer in front
+	// hides the clients' addresses.
 	MaxAnonymousPerIP int
 	// ShutdownTimeout bounds the drain on shutdown: clients get this long to
 	// move to other replicas and in-flight requests to finish before the
@@ -104,13 +108,30 @@ type Config struct {
 	// replica, whatever the clients' number. Default 16.
 	MaxSessionsPerTunnel int
 	// MaxHTTPConnections caps the public entry's connections, and the peer
-	// port's; more are closed at once. Default 8192, which bounds their
-	// memory to at most 768 MiB (see entrylimits.go and README.md).
+	// port's. At the cap the connection that has waited longest for a
+	// request is closed to make room; with none waiting, a new one is
+	// closed at once. Default 8192, which bounds their memory to at most
+	// 768 MiB (see entrylimits.go and docs/limits.md).
 	MaxHTTPConnections int
+	// MaxHTTPConnectionsPerIP caps the public entry's connections from one
+	// address (an IPv6 /64), TrustedProxies not counted, the same way.
+	// Default 1024.
+	MaxHTTPConnectionsPerIP int
 	// MaxRequestsPerTunnel caps the requests one tunnel may have in flight
 	// on this replica, served here or forwarded; more are answered 503
-	// tunnel_busy at once. Default 1024.
+	// tunnel_busy at once. Websockets and event streams may take half of
+	// them (see requestSlots). Default 1024.
 	MaxRequestsPerTunnel int
+	// MaxRequestsPerCaller caps the requests one caller (its address, or
+	// the client address a trusted proxy gives) may have in flight to one
+	// tunnel on this replica, and as many websockets and event streams;
+	// more are answered 429 caller_busy at once. Default a quarter of
+	// MaxRequestsPerTunnel.
+	MaxRequestsPerCaller int
+	// BodyIdleTimeout is how long a request body may send nothing while
+	// the server waits for it before the request is answered 408 and its
+	// connection closed. Default 30s.
+	BodyIdleTimeout time.Duration
 
 	// Registry is where replicas share which of them serve which tunnel:
 	// "memory" (the default, one replica) or redis://HOST:PORT[/DB] or
@@ -171,6 +192,15 @@ func (c *Config) setDefaults() {
 	}
 	if c.MaxHTTPConnections == 0 {
 		c.MaxHTTPConnections = defaultMaxHTTPConnections
+	}
+	if c.MaxHTTPConnectionsPerIP == 0 {
+		c.MaxHTTPConnectionsPerIP = defaultMaxHTTPConnectionsPerIP
+	}
+	if c.MaxRequestsPerCaller == 0 {
+		c.MaxRequestsPerCaller = max(c.MaxRequestsPerTunnel/callerShareDivisor, 1)
+	}
+	if c.BodyIdleTimeout == 0 {
+		c.BodyIdleTimeout = defaultBodyIdleTimeout
 	}
 	if c.ReplicaID == "" {
 		c.ReplicaID, _ = os.Hostname()
@@ -239,8 +269,20 @@ func (c *Config) Validate() error {
 	if c.MaxHTTPConnections < 0 {
 		errs = append(errs, fmt.Errorf("--max-http-connections %d: want a positive number of connections, or 0 for the default %d", c.MaxHTTPConnections, defaultMaxHTTPConnections))
 	}
+	if c.MaxHTTPConnectionsPerIP < 0 {
+		errs = append(errs, fmt.Errorf("--max-http-connections-per-ip %d: want a positive number of connections, or 0 for the default %d", c.MaxHTTPConnectionsPerIP, defaultMaxHTTPConnectionsPerIP))
+	}
 	if c.MaxRequestsPerTunnel < 0 {
 		errs = append(errs, fmt.Errorf("--max-requests-per-tunnel %d: want a positive number, or 0 for the default %d", c.MaxRequestsPerTunnel, defaultMaxRequestsPerTunnel))
+	}
+	switch {
+	case c.MaxRequestsPerCaller < 0:
+		errs = append(errs, fmt.Errorf("--max-requests-per-caller %d: want a positive number, or 0 for a quarter of --max-requests-per-tunnel", c.MaxRequestsPerCaller))
+	case c.MaxRequestsPerTunnel > 0 && c.MaxRequestsPerCaller > c.MaxRequestsPerTunnel:
+		errs = append(errs, fmt.Errorf("--max-requests-per-caller %d is more than --max-requests-per-tunnel %d: a caller's share is part of a tunnel's requests; lower it, or raise --max-requests-per-tunnel", c.MaxRequestsPerCaller, c.MaxRequestsPerTunnel))
+	}
+	if c.BodyIdleTimeout < 0 || c.BodyIdleTimeout > 0 && c.BodyIdleTimeout < time.Second {
+		errs = append(errs, fmt.Errorf("--body-idle-timeout %v: want at least 1s, or 0 for the default %v", c.BodyIdleTimeout, defaultBodyIdleTimeout))
 	}
 	return errors.Join(append(errs, c.validateReplicas()...)...)
 }
@@ -355,7 +397,7 @@ type Server struct {
 	tlsConfig  *tls.Config
 	registry   registry.Registry
 	sessions   *sessionTable
-	inflight   *inflight // requests in flight per tunnel
+	inflight   *requestSlots // requests in flight per tunnel and caller
 	metrics    *metrics
 	anonymous  *anonymousSlots
 	entryConns *connSlots // the public entry's connections
@@ -433,14 +475,14 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	s.certs = certs
 	s.tlsConfig = &tls.Config{GetCertificate: certs.GetCertificate, MinVersion: tls.VersionTLS12}
 	s.anonymous = newAnonymousSlots(cfg.MaxAnonymous, cfg.MaxAnonymousPerIP)
-	s.entryConns = newConnSlots(cfg.MaxHTTPConnections)
+	s.entryConns = newConnSlots(cfg.MaxHTTPConnections, cfg.MaxHTTPConnectionsPerIP, s.trustsAddr)
 	s.floodLog = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		// Per message: the first 5 every 10s, then none until the next 10s.
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
 	}))
 	s.sessionLog = log.Named("session")
 	s.sessions = newSessionTable(s.registry)
-	s.inflight = newInflight(cfg.MaxRequestsPerTunnel)
+	s.inflight = newRequestSlots(cfg.MaxRequestsPerTunnel, cfg.MaxRequestsPerCaller)
 	s.metrics = newMetrics(s.sessions, s.anonymous, s.entryConns, s.registry)
 	return s, nil
 }
@@ -546,7 +588,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          zap.NewStdLog(s.log.Named("entry")),
 		MaxHeaderBytes:    maxEntryHeaderBytes,
-		ConnState:         trackHeads,
+		ConnState:         trackConns,
 	}
 	var peerSrv *http.Server
 	if ls.Peer != nil {
@@ -556,7 +598,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 			IdleTimeout:       120 * time.Second,
 			ErrorLog:          zap.NewStdLog(s.log.Named("peer")),
 			MaxHeaderBytes:    maxPeerHeaderBytes,
-			ConnState:         trackHeads,
+			ConnState:         trackConns,
 		}
 	}
 	adminSrv := &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: maxAdminHeaderBytes}
@@ -568,12 +610,12 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 	g.Go(func() error { return s.registry.Run(regCtx) })
 	g.Go(func() error { return serveHTTP(pluginSrv, pluginLn) })
 	entryLn := &cappedListener{Listener: ls.HTTP, slots: s.entryConns, maxLines: maxEntryHeadLines,
-		refused: sv.refuser("public entry", refusedHTTPConnections)}
+		report: sv.capReporter("public entry", entryCapLabels)}
 	g.Go(func() error { return serveHTTP(entrySrv, entryLn) })
 	if peerSrv != nil {
-		sv.peerConns = newConnSlots(s.cfg.MaxHTTPConnections)
+		sv.peerConns = newConnSlots(s.cfg.MaxHTTPConnections, 0, nil)
 		peerLn := &cappedListener{Listener: sv.peerListener(ls.Peer), slots: sv.peerConns, maxLines: maxPeerHeadLines,
-			refused: sv.refuser("peer port", refusedPeerConnections)}
+			report: sv.capReporter("peer port", peerCapLabels)}
 		g.Go(func() error { return serveHTTP(peerSrv, peerLn) })
 	}
 	g.Go(func() error { return serveHTTP(adminSrv, ls.Admin) })

@@ -269,7 +269,7 @@ func (s *Session) bind(claims *auth.Claims, runID string, stock bool, handler se
 	s.handler = handler
 	s.loggedInAt = time.Now()
 	s.limits.lift()
-	s.slot.release()
+	s.slot.loggedIn()
 	if !stock && s.accept != nil {
 		s.accept.parkLoop() // a tether client opens no more streams
 	}
