@@ -76,6 +76,36 @@ type prometheusRule struct {
 	} `json:"spec"`
 }
 
+// certificate is the part of cert-manager.io/v1 Certificate the server
+// chart uses, with cert-manager's field names (cert-manager's Go types are
+// not a dependency of tether).
+type certificate struct {
+	metav1.TypeMeta   `json:",inline"`
+	metav1.ObjectMeta `json:"metadata"`
+	Spec              struct {
+		SecretName  string   `json:"secretName"`
+		CommonName  string   `json:"commonName,omitempty"`
+		DNSNames    []string `json:"dnsNames,omitempty"`
+		IPAddresses []string `json:"ipAddresses,omitempty"`
+		URIs        []string `json:"uris,omitempty"`
+		Duration    string   `json:"duration,omitempty"`
+		RenewBefore string   `json:"renewBefore,omitempty"`
+		IsCA        bool     `json:"isCA,omitempty"`
+		Usages      []string `json:"usages,omitempty"`
+		PrivateKey  *struct {
+			Algorithm      string `json:"algorithm,omitempty"`
+			Size           int    `json:"size,omitempty"`
+			Encoding       string `json:"encoding,omitempty"`
+			RotationPolicy string `json:"rotationPolicy,omitempty"`
+		} `json:"privateKey,omitempty"`
+		IssuerRef struct {
+			Name  string `json:"name"`
+			Kind  string `json:"kind,omitempty"`
+			Group string `json:"group,omitempty"`
+		} `json:"issuerRef"`
+	} `json:"spec"`
+}
+
 // manifests holds one render, decoded into the API types.
 type manifests struct {
 	raw             string
@@ -92,6 +122,7 @@ type manifests struct {
 	serviceMonitors []*serviceMonitor
 	podMonitors     []*podMonitor
 	prometheusRules []*prometheusRule
+	certificates    []*certificate
 }
 
 func decodeAll(t *testing.T, stream string) *manifests {
@@ -150,6 +181,9 @@ func decodeManifests(stream string) (*manifests, error) {
 		case "monitoring.coreos.com/v1 PrometheusRule":
 			o := &prometheusRule{}
 			m.prometheusRules, obj = append(m.prometheusRules, o), o
+		case "cert-manager.io/v1 Certificate":
+			o := &certificate{}
+			m.certificates, obj = append(m.certificates, o), o
 		default:
 			return nil, fmt.Errorf("document %d: unknown kind %q of apiVersion %q: add it to decodeManifests with its Go type\n%s",
 				i, tm.Kind, tm.APIVersion, doc)
@@ -260,6 +294,8 @@ func TestDecodeIsStrict(t *testing.T) {
 		"unknown kind":   "apiVersion: example.com/v1\nkind: Widget\nmetadata: {name: x}\n",
 		"misspelt ServiceMonitor field": "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: x}\n" +
 			"spec:\n  selector: {}\n  endpoints: [{port: admin, intervall: 10s}]\n",
+		"misspelt Certificate field": "apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: x}\n" +
+			"spec:\n  secretName: x\n  issuerRef: {name: ca}\n  usage: [client auth]\n",
 	} {
 		t.Run(name, func(t *testing.T) {
 			if _, err := decodeManifests(doc); err == nil {
@@ -267,9 +303,14 @@ func TestDecodeIsStrict(t *testing.T) {
 			}
 		})
 	}
-	ok := "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: x}\n" +
-		"spec:\n  selector: {matchLabels: {a: b}}\n  endpoints: [{port: admin, path: /metrics, interval: 10s}]\n"
-	if _, err := decodeManifests(ok); err != nil {
-		t.Fatalf("a valid ServiceMonitor: %v", err)
+	for kind, ok := range map[string]string{
+		"ServiceMonitor": "apiVersion: monitoring.coreos.com/v1\nkind: ServiceMonitor\nmetadata: {name: x}\n" +
+			"spec:\n  selector: {matchLabels: {a: b}}\n  endpoints: [{port: admin, path: /metrics, interval: 10s}]\n",
+		"Certificate": "apiVersion: cert-manager.io/v1\nkind: Certificate\nmetadata: {name: x}\n" +
+			"spec:\n  secretName: x\n  issuerRef: {name: ca}\n  usages: [client auth]\n",
+	} {
+		if _, err := decodeManifests(ok); err != nil {
+			t.Errorf("a valid %s: %v", kind, err)
+		}
 	}
 }

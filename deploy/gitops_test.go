@@ -6,9 +6,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"sigs.k8s.io/yaml"
 )
 
@@ -24,9 +26,22 @@ func generates(t *testing.T, file string) bool {
 // byte the same, for every documented values set of both charts, so that a
 // GitOps tool (Argo CD renders with helm template, which cannot look
 // Secrets up) syncs without changing anything, and no checksum annotation
-// rolls the pods. Only generateSecrets makes random values.
+// rolls the pods. Only generateSecrets makes random values. Every kind of
+// resource the chart renders with all its options on is in some render
+// compared, so that no option escapes the comparison by showing only in
+// all-on-values.yaml, which may generate secrets.
 func TestRendersAreReproducible(t *testing.T) {
 	for _, c := range charts {
+		want := renderedKinds(t, c.mustTemplate(t, []string{c.allOn()}))
+		var mu sync.Mutex
+		compared := map[string]bool{}
+		t.Cleanup(func() {
+			for _, k := range want {
+				if !compared[k] {
+					t.Errorf("%s: no values set compared here renders a %s: add a ci/*-values.yaml without generateSecrets that does", c.name, k)
+				}
+			}
+		})
 		for name, files := range renders(t, c) {
 			if len(files) == 1 && generates(t, files[0]) {
 				continue
@@ -44,9 +59,28 @@ func TestRendersAreReproducible(t *testing.T) {
 				if first != second {
 					t.Errorf("two renders differ:\n%s", firstDifference(first, second))
 				}
+				mu.Lock()
+				defer mu.Unlock()
+				for _, k := range renderedKinds(t, decodeAll(t, first)) {
+					compared[k] = true
+				}
 			})
 		}
 	}
+}
+
+// renderedKinds lists the apiVersion and kind of each manifest of m.
+func renderedKinds(t *testing.T, m *manifests) []string {
+	t.Helper()
+	var kinds []string
+	for _, doc := range m.docs {
+		var tm metav1.TypeMeta
+		if err := yaml.Unmarshal([]byte(doc), &tm); err != nil {
+			t.Fatal(err)
+		}
+		kinds = append(kinds, tm.APIVersion+" "+tm.Kind)
+	}
+	return kinds
 }
 
 // firstDifference shows the first line where a and b differ.

@@ -88,6 +88,11 @@ func TestRequiredValuesFailClearly(t *testing.T) {
 		{serverChart, []string{"domain=t.example.com", "jwt.publicKey=x"}, "adminToken.existingSecret is required"},
 		{serverChart, append(serverChart.required, "registry.url=redis://r:6379"), "peerSecret.existingSecret is required with a registry"},
 		{serverChart, append(serverChart.required, "redis.enabled=true", "peerSecret.existingSecret=p"), "redis.password is required with redis.enabled"},
+		{serverChart, append(serverChart.required, "registry.url=redis://r:6379", "peerTLS.existingSecret=s", "peerTLS.certManager.enabled=true",
+			"peerTLS.certManager.issuerRef.name=ca"), "peerTLS.existingSecret and peerTLS.certManager.enabled exclude each other"},
+		{serverChart, append(serverChart.required, "registry.url=redis://r:6379", "peerTLS.certManager.enabled=true"),
+			"peerTLS.certManager.issuerRef.name is required with peerTLS.certManager.enabled"},
+		{serverChart, append(serverChart.required, "peerTLS.existingSecret=s"), "peerTLS is set but there is no Redis registry"},
 		{serverChart, []string{"domain=t.example.com", "jwt.publicKey=x"}, "or set generateSecrets=true"},
 		{clientChart, append(clientChart.required, "probes.readiness.mode=ready"), "at '/probes/readiness/mode': value must be one of 'tunnel', 'process', ''"},
 		{clientChart, append(clientChart.required, "topologySpread=always"), "at '/topologySpread': value must be one of 'soft', 'hard', ''"},
@@ -371,7 +376,9 @@ func TestServerValuesReachConfig(t *testing.T) {
 		// The URL comes from registry.urlSecret, as TETHER_REGISTRY.
 		"registry-password-file":  "/etc/tether/registry/redis-password",
 		"peer-addr":               "0.0.0.0:9800",
-		"peer-secret-file":        "/etc/tether/peer/peer-secret",
+		"peer-tls-cert":           "/etc/tether/peer-tls/tls.crt",
+		"peer-tls-key":            "/etc/tether/peer-tls/tls.key",
+		"peer-tls-ca":             "/etc/tether/peer-tls/ca.crt",
 		"max-sessions-per-tunnel": 24,
 	}
 	for k, v := range want {
@@ -393,10 +400,13 @@ func TestServerValuesReachConfig(t *testing.T) {
 		checkSecretFile(t, pod, c, cfg[key].(string))
 	}
 	for key, want := range map[string]string{
-		"peer-secret-file":       "tether-peer/peer-secret",
+		"peer-tls-cert":          "tether-edge-peer-tls/tls.crt",
+		"peer-tls-key":           "tether-edge-peer-tls/tls.key",
+		"peer-tls-ca":            "tether-edge-peer-tls/ca.crt",
 		"registry-password-file": "tether-registry/redis-password",
 	} {
-		if secret, k := secretFileSource(t, pod, c, cfg[key].(string)); secret+"/"+k != want {
+		path, _ := cfg[key].(string)
+		if secret, k := secretFileSource(t, pod, c, path); secret+"/"+k != want {
 			t.Errorf("%s from Secret %s key %s; want %s", key, secret, k, want)
 		}
 	}
@@ -417,9 +427,9 @@ func TestServerValuesReachConfig(t *testing.T) {
 	if d.Spec.Replicas != nil {
 		t.Error("replicas set although autoscaling.enabled: the HPA owns it")
 	}
-	if len(m.hpas) != 1 || len(m.serviceMonitors) != 1 || len(m.ingresses) != 1 || len(m.networkPolicies) != 1 {
-		t.Errorf("HPA %d, ServiceMonitor %d, Ingress %d, NetworkPolicy %d; want one of each",
-			len(m.hpas), len(m.serviceMonitors), len(m.ingresses), len(m.networkPolicies))
+	if len(m.hpas) != 1 || len(m.serviceMonitors) != 1 || len(m.ingresses) != 1 || len(m.networkPolicies) != 1 || len(m.certificates) != 1 {
+		t.Errorf("HPA %d, ServiceMonitor %d, Ingress %d, NetworkPolicy %d, Certificate %d; want one of each",
+			len(m.hpas), len(m.serviceMonitors), len(m.ingresses), len(m.networkPolicies), len(m.certificates))
 	}
 	if ing := m.ingresses[0]; ing.Spec.Rules[0].Host != "*.tunnels.example.com" || ing.Spec.TLS[0].SecretName != "tunnels-wildcard" {
 		t.Errorf("Ingress host %q, TLS secret %q; want *.tunnels.example.com, tunnels-wildcard",

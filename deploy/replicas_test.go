@@ -82,7 +82,10 @@ func checkReplicas(t *testing.T, m *manifests, cfg map[string]any) {
 		}
 	}
 	if !shared {
-		for _, k := range []string{"peer-addr", "peer-secret-file", "registry-password-file"} {
+		if len(m.certificates) != 0 {
+			t.Errorf("%d Certificates rendered without a Redis registry: there is no peer channel", len(m.certificates))
+		}
+		for _, k := range append([]string{"peer-addr", "peer-secret-file", "registry-password-file"}, peerTLSKeys...) {
 			if cfg[k] != nil {
 				t.Errorf("config sets %s without a Redis registry", k)
 			}
@@ -118,11 +121,7 @@ func checkReplicas(t *testing.T, m *manifests, cfg map[string]any) {
 	} else if want := fmt.Sprintf("$(POD_IP):%d", peerPort); c.Env[adv].Value != want {
 		t.Errorf("TETHER_PEER_ADVERTISE_ADDR = %q; want %q", c.Env[adv].Value, want)
 	}
-	secretFile, _ := cfg["peer-secret-file"].(string)
-	if secretFile == "" {
-		t.Fatal("a Redis registry without peer-secret-file: the server refuses to start")
-	}
-	checkSecretFile(t, pod, c, secretFile)
+	checkPeerCredentials(t, m, pod, c, cfg)
 	if f, ok := cfg["registry-password-file"].(string); ok {
 		checkSecretFile(t, pod, c, f)
 	}
@@ -137,7 +136,7 @@ func TestSingleReplicaByDefault(t *testing.T) {
 		t.Errorf("replicas %v; want 1 without a registry", d.Spec.Replicas)
 	}
 	cfg, _ := serverConfig(t, m)
-	for _, k := range []string{"registry", "peer-addr", "peer-secret-file", "max-sessions-per-tunnel"} {
+	for _, k := range append([]string{"registry", "peer-addr", "peer-secret-file", "max-sessions-per-tunnel"}, peerTLSKeys...) {
 		if v, ok := cfg[k]; ok {
 			t.Errorf("config %s = %v; want it unset by default", k, v)
 		}
@@ -152,6 +151,9 @@ func TestSingleReplicaByDefault(t *testing.T) {
 	}
 	if m.redis(t) != nil {
 		t.Error("the trial Redis is on by default")
+	}
+	if len(m.certificates) != 0 {
+		t.Errorf("%d Certificates rendered by default", len(m.certificates))
 	}
 }
 

@@ -62,6 +62,17 @@ app.kubernetes.io/component: server
 {{- default (printf "%s-peer" (include "tether-server.fullname" .)) .Values.peerSecret.existingSecret }}
 {{- end }}
 
+{{/* The kubernetes.io/tls Secret the peer channel's certificates come from
+(peerTLS): the existing one, or the one the chart's Certificate writes. No
+name: they are made from the peer secret. */}}
+{{- define "tether-server.peerTLSSecretName" -}}
+{{- if .Values.peerTLS.certManager.enabled }}
+{{- printf "%s-peer-tls" (include "tether-server.fullname" .) }}
+{{- else }}
+{{- .Values.peerTLS.existingSecret }}
+{{- end }}
+{{- end }}
+
 {{/*
 A secret the chart makes, base64-encoded, for a Secret named .name whose key
 .key holds it. Only with generateSecrets: otherwise it fails with .what,
@@ -121,7 +132,8 @@ data:
 {{- end }}
 
 {{/* Whether the replicas share a Redis registry: then the server gets the
-peer listener, its secret and a replica ID, and may run as several replicas.
+peer listener, its credentials (the peer secret, or peerTLS's certificates)
+and a replica ID, and may run as several replicas.
 "memory" is the single-replica default, not a shared registry. */}}
 {{- define "tether-server.shared" -}}
 {{- if or .Values.redis.enabled .Values.registry.urlSecret.name (and .Values.registry.url (ne .Values.registry.url "memory")) }}true{{- end }}
@@ -163,6 +175,20 @@ refuse at start, with the value to change. */}}
 {{- end }}
 {{- end }}
 
+{{/* The peer certificate settings, checked, naming the value to change. */}}
+{{- define "tether-server.checkPeerTLS" -}}
+{{- $p := .Values.peerTLS }}
+{{- if and $p.existingSecret $p.certManager.enabled }}
+{{- fail (printf "peerTLS.existingSecret and peerTLS.certManager.enabled exclude each other: the chart's Certificate writes the Secret %s-peer-tls itself; set one of them" (include "tether-server.fullname" .)) }}
+{{- end }}
+{{- if and $p.certManager.enabled (not $p.certManager.issuerRef.name) }}
+{{- fail "peerTLS.certManager.issuerRef.name is required with peerTLS.certManager.enabled: name a cert-manager Issuer (or a ClusterIssuer, with issuerRef.kind=ClusterIssuer) dedicated to the replicas, such as a CA Issuer whose CA signs nothing else, since the peer port admits whatever certificate that CA signed (deploy/README.md, \"Peer certificates from cert-manager\")" }}
+{{- end }}
+{{- if and (include "tether-server.peerTLSSecretName" .) (not (include "tether-server.shared" .)) }}
+{{- fail "peerTLS is set but there is no Redis registry: the peer channel runs between replicas that share one; set registry.url (or registry.urlSecret.name, or redis.enabled), or unset peerTLS.existingSecret and peerTLS.certManager.enabled" }}
+{{- end }}
+{{- end }}
+
 {{/* Whether the tunnel listener has a certificate (otherwise: self-signed). */}}
 {{- define "tether-server.hasTLS" -}}
 {{- if or .Values.tls.existingSecret (and .Values.tls.cert .Values.tls.key) }}true{{- end }}
@@ -174,6 +200,7 @@ a rotated Secret reaches the running server, which re-reads the files. */}}
 {{- define "tether-server.tlsDir" -}}/etc/tether/tls{{- end }}
 {{- define "tether-server.adminDir" -}}/etc/tether/admin{{- end }}
 {{- define "tether-server.peerDir" -}}/etc/tether/peer{{- end }}
+{{- define "tether-server.peerTLSDir" -}}/etc/tether/peer-tls{{- end }}
 {{- define "tether-server.registryDir" -}}/etc/tether/registry{{- end }}
 {{- define "tether-server.configDir" -}}/etc/tether/config{{- end }}
 
@@ -195,6 +222,7 @@ drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
 {{- fail "tls.cert and tls.key go together: set both, or neither (and tls.existingSecret)" }}
 {{- end }}
 {{- include "tether-server.checkRegistry" . }}
+{{- include "tether-server.checkPeerTLS" . }}
 {{- $cfg := dict
   "domain" .Values.domain
   "tunnel-addr" (printf "0.0.0.0:%d" (int .Values.ports.tunnel))
@@ -228,7 +256,14 @@ registry.urlSecret. */}}
 {{- $_ := set $cfg "registry-password-file" (printf "%s/%s" (include "tether-server.registryDir" .) (include "tether-server.registryPasswordKey" .)) }}
 {{- end }}
 {{- $_ := set $cfg "peer-addr" (printf "0.0.0.0:%d" (int .Values.ports.peer)) }}
+{{- if include "tether-server.peerTLSSecretName" . }}
+{{- $dir := include "tether-server.peerTLSDir" . }}
+{{- $_ := set $cfg "peer-tls-cert" (printf "%s/tls.crt" $dir) }}
+{{- $_ := set $cfg "peer-tls-key" (printf "%s/tls.key" $dir) }}
+{{- $_ := set $cfg "peer-tls-ca" (printf "%s/ca.crt" $dir) }}
+{{- else }}
 {{- $_ := set $cfg "peer-secret-file" (printf "%s/%s" (include "tether-server.peerDir" .) .Values.peerSecret.secretKey) }}
+{{- end }}
 {{- end }}
 {{- if .Values.publicURL }}
 {{- $_ := set $cfg "public-url" .Values.publicURL }}
