@@ -29,6 +29,19 @@ type Claims struct {
 	// KeyID is the kid of the key that verified the token (the token's kid
 	// header when it has one), for logs.
 	KeyID string
+	// Renews is the jti of the token this one renews, and of every renewal
+	// between them: the first token's (renews claim), empty for a token the
+	// platform issued. Revoking that jti revokes its renewals too.
+	Renews string
+}
+
+// Lineage is the jti that names a token and all its renewals: Renews for a
+// renewed token, ID for one the platform issued.
+func (c *Claims) Lineage() string {
+	if c.Renews != "" {
+		return c.Renews
+	}
+	return c.ID
 }
 
 // wireClaims is the JSON payload of a tunnel token.
@@ -36,6 +49,7 @@ type wireClaims struct {
 	jwt.RegisteredClaims
 	Account string `json:"account,omitempty"`
 	Runtime string `json:"runtime,omitempty"`
+	Renews  string `json:"renews,omitempty"`
 }
 
 // claims converts verified wire claims.
@@ -51,6 +65,7 @@ func (w *wireClaims) claims(kid string) *Claims {
 		NotBefore: numericTime(w.NotBefore),
 		ExpiresAt: numericTime(w.ExpiresAt),
 		KeyID:     kid,
+		Renews:    w.Renews,
 	}
 }
 

@@ -255,11 +255,11 @@ func (s *Signer) Issue(req IssueRequest, now time.Time) (string, error) {
 	if nbf.IsZero() {
 		nbf = now
 	}
-	var jti [16]byte
-	if _, err := rand.Read(jti[:]); err != nil {
-		return "", fmt.Errorf("issue token: make jti: %w", err)
+	jti, err := newTokenID()
+	if err != nil {
+		return "", fmt.Errorf("issue token: %w", err)
 	}
-	claims := wireClaims{
+	return s.sign(wireClaims{
 		RegisteredClaims: jwt.RegisteredClaims{
 			Subject:   req.Tunnel,
 			Issuer:    req.Issuer,
@@ -267,11 +267,24 @@ func (s *Signer) Issue(req IssueRequest, now time.Time) (string, error) {
 			IssuedAt:  jwt.NewNumericDate(now),
 			NotBefore: jwt.NewNumericDate(nbf),
 			ExpiresAt: jwt.NewNumericDate(nbf.Add(req.TTL)),
-			ID:        hex.EncodeToString(jti[:]),
+			ID:        jti,
 		},
 		Account: req.Account,
 		Runtime: req.Runtime,
+	})
+}
+
+// newTokenID returns a jti: 128 random bits in hex.
+func newTokenID() (string, error) {
+	var jti [16]byte
+	if _, err := rand.Read(jti[:]); err != nil {
+		return "", fmt.Errorf("make jti: %w", err)
 	}
+	return hex.EncodeToString(jti[:]), nil
+}
+
+// sign signs claims, with the Signer's kid in the header.
+func (s *Signer) sign(claims wireClaims) (string, error) {
 	tok := jwt.NewWithClaims(s.method, claims)
 	tok.Header["kid"] = s.kid
 	signed, err := tok.SignedString(s.key)

@@ -10,15 +10,17 @@ import (
 
 // Notices are what the server tells a tether client about its session, on a
 // stream the server opens for each one: which replica the session landed on
-// once its login is bound, and that the replica is draining so the client
-// should move. The client tells a notice from a dial request by the first
+// once its login is bound, that the replica is draining so the client
+// should move, and the renewal of the client's token. The client tells a notice from a dial request by the first
 // byte of the stream.
 //
 //	notice: 'N' version(1) len(2) JSON
 const (
 	noticeMagic   = 'N'
 	noticeVersion = 1
-	maxNotice     = 1024
+	// maxNotice bounds a notice: a token notice carries a token of up to
+	// 8 KiB (what servers accept).
+	maxNotice = 12 << 10
 )
 
 // Notice kinds.
@@ -29,6 +31,9 @@ const (
 	// (it lands on another replica), and close this one once the replacement
 	// serves and this one's requests have ended.
 	NoticeMove = "move"
+	// NoticeToken carries the renewal of the token the session logged in
+	// with (Token): the client logs in with it from now on.
+	NoticeToken = "token"
 )
 
 // Notice is one message from the server about the session it arrives on.
@@ -39,6 +44,8 @@ type Notice struct {
 	// Alone, in a hello, says the server is the only replica (its registry
 	// is in memory): a client need not look for another.
 	Alone bool `json:"alone,omitempty"`
+	// Token, in a token notice, is the renewed token.
+	Token string `json:"token,omitempty"`
 }
 
 // WriteNotice writes n as one notice.

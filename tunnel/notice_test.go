@@ -10,6 +10,8 @@ func TestNoticeRoundTrip(t *testing.T) {
 	for _, n := range []Notice{
 		{Kind: NoticeHello, Replica: "tether-server-0", Session: "0123abcd"},
 		{Kind: NoticeMove, Replica: "r", Session: "s"},
+		// A token notice carries the longest token a server accepts.
+		{Kind: NoticeToken, Replica: "r", Session: "s", Token: strings.Repeat("t", 8<<10)},
 	} {
 		var buf bytes.Buffer
 		if err := WriteNotice(&buf, n); err != nil {
@@ -43,7 +45,7 @@ func TestNoticeRefusesWhatIsNotOne(t *testing.T) {
 	if _, err := ReadNotice(bytes.NewReader(long)); err == nil || !strings.Contains(err.Error(), "too long") {
 		t.Errorf("an oversized notice: %v, want 'too long'", err)
 	}
-	if err := WriteNotice(&bytes.Buffer{}, Notice{Kind: strings.Repeat("x", 2000)}); err == nil {
+	if err := WriteNotice(&bytes.Buffer{}, Notice{Kind: strings.Repeat("x", maxNotice)}); err == nil {
 		t.Error("an oversized notice was written")
 	}
 }
