@@ -689,17 +689,18 @@ func TestClientValuesReachArgs(t *testing.T) {
 	c := container(t, &d.Spec.Template.Spec, "tether-client")
 	flags := clientArgs(t, c)
 	want := map[string]string{
-		"server":          "[tunnels.example.com:443]",
-		"token-file":      "[/var/run/tether/token/jwt]",
-		"health-addr":     "[0.0.0.0:9091]",
-		"transport":       "[wss]",
-		"proxy":           "[http://proxy.corp.example.com:3128]",
-		"tls-ca":          "[/etc/tether/ca/bundle.pem]",
-		"tls-fingerprint": "[3f2a9c1e0b7d4a6f8e2c5b9d1a7f3e6c0b4d8a2f6e1c9b5d3a7f0e4c8b2d6a1f]",
-		"tls-server-name": "[tunnels.internal.example.com]",
-		"log-level":       "[debug]",
-		"log-format":      "[console]",
-		"connections":     "[4]",
+		"server":             "[tunnels.example.com:443]",
+		"token-file":         "[/var/run/tether/token/jwt]",
+		"renewed-token-file": "[/tmp/renewed-token]",
+		"health-addr":        "[0.0.0.0:9091]",
+		"transport":          "[wss]",
+		"proxy":              "[http://proxy.corp.example.com:3128]",
+		"tls-ca":             "[/etc/tether/ca/bundle.pem]",
+		"tls-fingerprint":    "[3f2a9c1e0b7d4a6f8e2c5b9d1a7f3e6c0b4d8a2f6e1c9b5d3a7f0e4c8b2d6a1f]",
+		"tls-server-name":    "[tunnels.internal.example.com]",
+		"log-level":          "[debug]",
+		"log-format":         "[console]",
+		"connections":        "[4]",
 		"route": "[/app=http://app-proxy.runtime:8080;timeout=30s;insecure-skip-verify /wf=https://argo-server.argo:2746/;timeout=0 " +
 			"/hooks=http://webhook-eventsource-svc.argo-events:12000/;timeout=10s;insecure-skip-verify " +
 			"/ro=http://argo-rollouts-dashboard.argo-rollouts:3100;timeout=20s;insecure-skip-verify " +

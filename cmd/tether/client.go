@@ -16,6 +16,7 @@ import (
 type ClientOptions struct {
 	Server                string
 	TokenFile             string
+	RenewedTokenFile      string
 	Routes                []string
 	HealthAddr            string
 	Transport             string
@@ -45,6 +46,13 @@ The client dials out to --server (TLS over TCP, or wss), logs in with the JWT in
 a restart), and advertises its --route table. The server routes the tunnel's
 requests by path prefix and the client connects each one to the upstream of
 its --route, and to nothing else.
+
+A server with --token-renewal-key sends the client a renewed token when a third
+of its token's lifetime is left; every later login of the process uses the
+newest token it has (a newer token written into --token-file still wins), so
+the tunnel outlives its first token. --renewed-token-file keeps the renewal
+across a restart of the client in the same pod. Without renewals the client
+warns 7 days and 1 day before its token expires (log, /status, metrics).
 
 Without --route it serves the default adapters:
   /            app-proxy        http://app-proxy:8080
@@ -93,6 +101,9 @@ http://, https:// (CONNECT, user:password@ for basic auth), socks5:// or socks5h
 func (o *ClientOptions) addFlags(fl *pflag.FlagSet) {
 	fl.StringVar(&o.Server, "server", "", "tunnel server HOST:PORT (required)")
 	fl.StringVar(&o.TokenFile, "token-file", "", "file holding the tunnel's JWT (required); re-read at every connect")
+	fl.StringVar(&o.RenewedTokenFile, "renewed-token-file", "",
+		"file where the client keeps the newest token the server renewed (0600), and reads it at start when newer than --token-file's, "+
+			"e.g. in an emptyDir: a restart in the same pod logs in with it")
 	fl.StringSliceVar(&o.Routes, "route", nil, "PREFIX=URL[;timeout=D][;insecure-skip-verify] (repeat); default: the built-in adapters")
 	fl.StringVar(&o.HealthAddr, "health-addr", "", "serve /healthz, /readyz, /status, /metrics and /debug/logs here, e.g. 0.0.0.0:8081")
 	fl.StringVar(&o.Transport, "transport", "tcp", "tcp (TLS over TCP) or wss (TLS websocket, when only HTTPS may leave the network)")
@@ -130,6 +141,7 @@ func (o *ClientOptions) config(f *Factory) (client.Config, error) {
 	return client.Config{
 		Server:                o.Server,
 		TokenFile:             o.TokenFile,
+		RenewedTokenFile:      o.RenewedTokenFile,
 		Routes:                routes,
 		HealthAddr:            o.HealthAddr,
 		Transport:             o.Transport,

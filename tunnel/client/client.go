@@ -32,7 +32,11 @@
 // then in rounds, with a session opened beside the one that serves, for as
 // long as it shares and the server has other replicas), and that the
 // replica drains, after which the slot opens a replacement session while
-// the old one serves on until the server closes it.
+// the old one serves on until the server closes it; and the renewal of the
+// client's token (tokens.go), with which every later login of the process
+// goes, unless the token file holds a newer token. A renewal is kept in
+// Config.RenewedTokenFile, when set, for a restart in the same pod. Without
+// renewals, the client warns 7 days and 1 day before its token expires.
 //
 // It never dials anything but the tunnel server and the routes' upstreams.
 package client
@@ -47,6 +51,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"time"
 
 	frpauth "github.com/fatedier/frp/pkg/auth"
@@ -67,6 +72,13 @@ type Config struct {
 	// TokenFile holds the JWT; it is re-read at every connect, so a rotated
 	// Kubernetes Secret takes effect without a restart.
 	TokenFile string
+	// RenewedTokenFile, when set, is where the client keeps the newest
+	// renewed token the server sent (mode 0600, replaced atomically), and
+	// where it looks for one at start: so that a restart of the client in
+	// the same pod (the file in an emptyDir) logs in with the renewal after
+	// TokenFile's token has expired. Its directory must exist. "" keeps
+	// renewals in memory only.
+	RenewedTokenFile string
 	// Routes are advertised to the server at login, which routes requests
 	// by them; the client dials their upstreams (proxy.Route.DialAddr) and
 	// nothing else. Empty: proxy.DefaultRoutes().
@@ -139,6 +151,9 @@ func (c *Config) Validate() error {
 	if c.TokenFile == "" {
 		errs = append(errs, errors.New("--token-file is required: the file holding this tunnel's JWT (a mounted Secret)"))
 	}
+	if c.RenewedTokenFile != "" && filepath.Clean(c.RenewedTokenFile) == filepath.Clean(c.TokenFile) {
+		errs = append(errs, fmt.Errorf("--renewed-token-file %s is the --token-file: the client writes renewals there; name a file in a writable volume (an emptyDir)", c.RenewedTokenFile))
+	}
 	if c.Transport != "tcp" && c.Transport != "wss" {
 		errs = append(errs, fmt.Errorf("--transport %q: want tcp or wss", c.Transport))
 	}
@@ -191,6 +206,7 @@ type Client struct {
 	advertisedRoutes string
 	dialer           *dialer
 	status           *status
+	tokens           *tokens
 	logs             *recentLogs
 	metrics          *prometheus.Registry
 
@@ -213,14 +229,11 @@ func New(cfg Config, log *zap.Logger) (*Client, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	token, err := readToken(cfg.TokenFile)
+	token, err := readTokenFile(cfg.TokenFile)
 	if err != nil {
 		return nil, err
 	}
-	name, err := tunnelOf(token)
-	if err != nil {
-		return nil, fmt.Errorf("--token-file %s: %w", cfg.TokenFile, err)
-	}
+	name := token.Claims.Tunnel
 	dialer, err := newDialer(cfg)
 	if err != nil {
 		return nil, err
@@ -247,11 +260,15 @@ func New(cfg Config, log *zap.Logger) (*Client, error) {
 	if c.frpConfig, c.frpAuth, err = frpClientConfig(cfg.Server); err != nil {
 		return nil, err
 	}
+	if c.tokens, err = newTokens(cfg, token, c.log); err != nil {
+		return nil, err
+	}
 	for i := range cfg.Connections {
 		c.slots = append(c.slots, newSlot(c, i))
 	}
 	c.status = newStatus(name, cfg.Server, cfg.Transport, routes, cfg.Connections, time.Now())
 	reg.MustRegister(c.status.collectors()...)
+	reg.MustRegister(c.tokens.collectors()...)
 	reg.MustRegister(version.Collector(), collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return c, nil
 }
@@ -300,6 +317,7 @@ func (c *Client) Serve(ctx context.Context, health net.Listener) error {
 	for _, s := range c.slots {
 		g.Go(func() error { s.run(gctx); return nil })
 	}
+	g.Go(func() error { c.tokens.warnLoop(gctx); return nil })
 	c.log.Info("tether client started", zap.String("server", c.cfg.Server), zap.String("transport", c.cfg.Transport),
 		zap.String("health_addr", addrString(health)), zap.Strings("routes", routeStrings(c.routes)),
 		zap.Int("connections", len(c.slots)), zap.String("instance", c.instance))

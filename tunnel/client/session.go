@@ -142,26 +142,27 @@ type controlStream struct {
 }
 
 // login sends frp's Login as the slot, under run ID as, with the token
-// read from the token file now, so a rotated token takes effect at the
-// next login, and reads the answer. runID is the run ID the server gave the
-// session.
+// the client holds now (the token file is re-read, so a rotated token
+// takes effect at the next login; a renewal the server sent wins over an
+// older one), and reads the answer. runID is the run ID the server gave
+// the session.
 func (s *slot) login(mux *yamux.Session, as string) (_ *controlStream, runID string, _ error) {
 	c := s.c
-	token, err := readToken(c.cfg.TokenFile)
+	token, fileProblem, err := c.tokens.forLogin()
 	if err != nil {
 		return nil, "", err
 	}
-	// The route registered below is named after the tunnel this process
-	// started with; a token for another tunnel cannot serve it.
-	if name, err := tunnelOf(token); err != nil {
-		return nil, "", fmt.Errorf("--token-file %s: %w", c.cfg.TokenFile, err)
-	} else if name != c.tunnel {
-		return nil, "", fmt.Errorf("--token-file %s now holds a token for tunnel %q, but this client serves tunnel %q: restart the client to switch tunnels", c.cfg.TokenFile, name, c.tunnel)
+	if fileProblem != nil {
+		s.log.Warn("--token-file holds no usable token; logging in with the renewed one", zap.String("jti", token.Claims.ID), zap.Error(fileProblem))
 	}
 	stream, runID, err := sendLogin(mux, c.frpAuth, as, map[string]string{
-		auth.TokenMetaKey:    token,
+		auth.TokenMetaKey:    token.Raw(),
 		tunnel.RoutesMetaKey: c.advertisedRoutes,
 	})
+	if rej, ok := errors.AsType[*RejectedError](err); ok && c.tokens.onRefused(token, rej.Reason) {
+		s.log.Warn("the server refused the renewed token as not its own; the next login uses --token-file's token",
+			zap.String("jti", token.Claims.ID), zap.String("reason", rej.Reason))
+	}
 	if err != nil {
 		return nil, "", err
 	}

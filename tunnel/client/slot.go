@@ -3,6 +3,7 @@ package client
 import (
 	"bufio"
 	"context"
+	"errors"
 	"math/rand/v2"
 	"net"
 	"strconv"
@@ -293,8 +294,30 @@ func (s *slot) onNotice(sess *session, n tunnel.Notice) {
 		default:
 			log.Info("server replica drains: the replacement session starts once the slot's earlier move has finished")
 		}
+	case tunnel.NoticeToken:
+		s.onRenewal(n.Token, log)
 	default:
 		log.Debug("unknown notice ignored", zap.String("kind", n.Kind))
+	}
+}
+
+// onRenewal takes a renewed token the server sent, for every later login
+// of the client, and keeps it in --renewed-token-file. The token is never
+// logged: its jti and times are.
+func (s *slot) onRenewal(raw string, log *zap.Logger) {
+	tok, err := s.c.tokens.onRenewal(raw)
+	switch {
+	case errors.Is(err, errNotNewer):
+		log.Debug("renewed token ignored", zap.Error(err))
+		return
+	case err != nil:
+		log.Warn("renewed token from the server ignored", zap.Error(err))
+		return
+	}
+	log.Info("token renewed: later logins use it", zap.String("jti", tok.Claims.ID),
+		zap.Time("expires_at", tok.Claims.ExpiresAt), zap.String("renews", tok.Claims.Renews))
+	if err := s.c.tokens.keep(); err != nil {
+		log.Warn("renewed token not kept: a restart of the client logs in with --token-file's token", zap.Error(err))
 	}
 }
 

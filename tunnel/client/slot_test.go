@@ -26,6 +26,7 @@ import (
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
 
+	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel"
@@ -63,6 +64,10 @@ type fakeServer struct {
 	// accepted, as a slot's does when it leaves a replica another slot
 	// holds.
 	endAtLogin bool
+	// refuse, when set, answers each login's token: a reason refuses it.
+	refuse func(token string) string
+	// logins are the tokens of the logins received, in order.
+	logins []string
 }
 
 // fakeSession is one session the client opened, as the server sees it.
@@ -71,6 +76,7 @@ type fakeSession struct {
 	runID     string // as the client sent it
 	proxy     string // the route's name
 	subdomain string
+	token     string      // the token it logged in with
 	withdrawn atomic.Bool // the client closed the route (frp CloseProxy)
 }
 
@@ -116,12 +122,20 @@ func (f *fakeServer) serve(mux *yamux.Session) {
 	if err := msg.ReadMsgInto(stream, &login); err != nil {
 		return
 	}
+	token := login.Metas[auth.TokenMetaKey]
+	f.mu.Lock()
+	end, refuse := f.endAtLogin, f.refuse
+	f.logins = append(f.logins, token)
+	f.mu.Unlock()
+	if refuse != nil {
+		if reason := refuse(token); reason != "" {
+			_ = msg.WriteMsg(stream, &msg.LoginResp{Version: "fake", Error: reason})
+			return
+		}
+	}
 	if err := msg.WriteMsg(stream, &msg.LoginResp{Version: "fake", RunID: f.tunnel + "." + login.RunID}); err != nil {
 		return
 	}
-	f.mu.Lock()
-	end := f.endAtLogin
-	f.mu.Unlock()
 	if end {
 		return
 	}
@@ -143,7 +157,7 @@ func (f *fakeServer) serve(mux *yamux.Session) {
 	if err := rw.WriteMsg(&msg.NewProxyResp{ProxyName: np.ProxyName}); err != nil {
 		return
 	}
-	fs := &fakeSession{mux: mux, runID: login.RunID, proxy: np.ProxyName, subdomain: np.SubDomain}
+	fs := &fakeSession{mux: mux, runID: login.RunID, proxy: np.ProxyName, subdomain: np.SubDomain, token: token}
 	f.sessions <- fs
 	for {
 		m, err := rw.ReadMsg()

@@ -582,6 +582,9 @@ type Snapshot struct {
 	// Sessions lists each slot's live sessions, and a "connecting" entry for
 	// a slot without a current one.
 	Sessions []SessionState `json:"sessions,omitempty"`
+	// Token is the token the client logs in with; nil from a client older
+	// than renewals.
+	Token *TokenState `json:"token,omitempty"`
 }
 
 // RouteState is one configured route as /status reports it.
@@ -762,7 +765,9 @@ func (c *Client) healthHandler() http.Handler {
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
-		_ = enc.Encode(c.status.snapshot())
+		snap := c.status.snapshot()
+		snap.Token = c.tokens.snapshot(time.Now())
+		_ = enc.Encode(snap)
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(c.metrics, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /debug/logs", func(w http.ResponseWriter, _ *http.Request) {

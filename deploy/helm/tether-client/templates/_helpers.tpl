@@ -113,6 +113,9 @@ see exactly the settings the client runs with and need no arguments.
 {{- end }}
 server={{ .Values.server }}
 token-file={{ include "tether-client.tokenDir" . }}/{{ .Values.token.secretKey }}
+{{- if .Values.token.keepRenewed }}
+renewed-token-file=/tmp/renewed-token
+{{- end }}
 health-addr=0.0.0.0:{{ .Values.health.port }}
 transport={{ .Values.transport }}
 connections={{ $conns }}
