@@ -262,3 +262,63 @@ func TestClientSessionsSharingAReplica(t *testing.T) {
 		t.Errorf("client status:\n%s\nwant it to end with:\n%s", out, want)
 	}
 }
+
+// The token a client logs in with: where it came from, its jti (and the
+// first token's, for a renewal), expiry, last renewal, and the warning of
+// a token about to expire with no renewal.
+func TestClientToken(t *testing.T) {
+	tests := []struct {
+		name  string
+		token client.TokenState
+		want  string
+	}{
+		{
+			name: "file, expiring without renewal",
+			token: client.TokenState{Source: client.TokenFromFile, JTI: "7b2c", IssuedAt: timeAt(-25 * 24 * time.Hour), ExpiresAt: timeAt(5 * 24 * time.Hour),
+				Warning: "the token expires in 5d (at 2025-03-06T12:00:00Z) and no renewal came: issue a new token\x1b[2J"},
+			want: `Token:        file (--token-file), jti 7b2c
+Expires:      in 5d (2025-03-06T12:00:00Z)
+Renewed:      never
+Warning:      the token expires in 5d (at 2025-03-06T12:00:00Z) and no renewal came: issue a new token\x1b[2J
+`,
+		},
+		{
+			name: "renewed",
+			token: client.TokenState{Source: client.TokenRenewed, JTI: "9f1c", Renews: "7b2c", IssuedAt: timeAt(-3 * time.Hour),
+				ExpiresAt: timeAt(30*24*time.Hour - 3*time.Hour), RenewedAt: timeAt(-3 * time.Hour), Renewals: 2},
+			want: `Token:        renewed (by the server), jti 9f1c, renews jti 7b2c
+Expires:      in 29d (2025-03-31T09:00:00Z)
+Renewed:      3h ago (2025-03-01T09:00:00Z), 2 renewals since the client started
+`,
+		},
+		{
+			name:  "expired",
+			token: client.TokenState{Source: client.TokenFromFile, ExpiresAt: timeAt(-5 * time.Minute)},
+			want: `Token:        file (--token-file)
+Expires:      expired 5m ago (2025-03-01T11:55:00Z)
+Renewed:      never
+`,
+		},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			snap := loggedIn
+			snap.Token = &tc.token
+			out, err := showClient(t, healthAPI(t, snap), Table)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !strings.Contains(out, "Reconnects:   2\n"+tc.want+"Routes:") {
+				t.Errorf("client status:\n%s\nwant after Reconnects:\n%s", out, tc.want)
+			}
+			js, err := showClient(t, healthAPI(t, snap), JSON)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var got client.Snapshot
+			if err := json.Unmarshal([]byte(js), &got); err != nil || got.Token == nil || !reflect.DeepEqual(*got.Token, tc.token) {
+				t.Errorf("-o json token %+v (%v), want %+v", got.Token, err, tc.token)
+			}
+		})
+	}
+}

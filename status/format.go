@@ -103,6 +103,9 @@ func (p Printer) Client(s client.Snapshot) error {
 		fmt.Fprintf(tw, "Last error:\t%s (%s)\n", printable(s.LastError), ago(s.LastErrorAt, now))
 	}
 	fmt.Fprintf(tw, "Reconnects:\t%d\n", s.Reconnects)
+	if s.Token != nil {
+		clientToken(tw, s.Token, now)
+	}
 	if len(s.Routes) == 0 {
 		fmt.Fprintf(tw, "Routes:\t%s\n", none)
 		if err := tw.Flush(); err != nil {
@@ -123,6 +126,46 @@ func (p Printer) Client(s client.Snapshot) error {
 		}
 	}
 	return p.sessions(s.Sessions, now)
+}
+
+// clientToken prints the token a client logs in with: where it came from,
+// its jti (and, for a renewal, the first token's, which a revocation by
+// jti names), its expiry, the last renewal, and the warning when it has
+// one.
+func clientToken(tw io.Writer, t *client.TokenState, now time.Time) {
+	what := field(t.Source)
+	switch t.Source {
+	case client.TokenFromFile:
+		what += " (--token-file)"
+	case client.TokenRenewed:
+		what += " (by the server)"
+	}
+	if t.JTI != "" {
+		what += ", jti " + printable(t.JTI)
+	}
+	if t.Renews != "" {
+		what += ", renews jti " + printable(t.Renews)
+	}
+	fmt.Fprintf(tw, "Token:\t%s\n", what)
+	expires := "never (no exp: the server refuses the token)"
+	if t.ExpiresAt != nil {
+		expires = fmt.Sprintf("%s (%s)", timeLeft(*t.ExpiresAt, now), t.ExpiresAt.UTC().Format(time.RFC3339))
+		if t.ExpiresAt.After(now) {
+			expires = "in " + expires
+		}
+	}
+	fmt.Fprintf(tw, "Expires:\t%s\n", expires)
+	renewed := "never"
+	if t.RenewedAt != nil {
+		renewed = fmt.Sprintf("%s (%s)", ago(t.RenewedAt, now), t.RenewedAt.UTC().Format(time.RFC3339))
+	}
+	if t.Renewals > 0 {
+		renewed += fmt.Sprintf(", %d renewals since the client started", t.Renewals)
+	}
+	fmt.Fprintf(tw, "Renewed:\t%s\n", renewed)
+	if t.Warning != "" {
+		fmt.Fprintf(tw, "Warning:\t%s\n", printable(t.Warning))
+	}
 }
 
 // sessions prints a client's sessions; nothing for a client that does not
