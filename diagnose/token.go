@@ -12,11 +12,9 @@ import (
 	"github.com/golang-jwt/jwt/v5"
 
 	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/internal/human"
 	"github.com/tether-dev/tether/tunnel/client"
 )
-
-// tokenWarnBefore is how close to its expiry a token draws a warning.
-const tokenWarnBefore = time.Hour
 
 // tokenClaims are the claims a tunnel token carries.
 type tokenClaims struct {
@@ -26,7 +24,9 @@ type tokenClaims struct {
 }
 
 // checkToken reads the token file and shows what the token says, judged by
-// the server's clock when the clock check learned it. The token itself is
+// the server's clock when the clock check learned it. With
+// --renewed-token-file it judges the token the client logs in with: the
+// renewal kept there when the client would prefer it. The token itself is
 // never shown.
 func (r *run) checkToken(context.Context) Check {
 	path := r.o.Client.TokenFile
@@ -64,30 +64,75 @@ func (r *run) checkToken(context.Context) Check {
 	if kid, ok := parsed.Header["kid"].(string); ok {
 		lines[0] += ", key ID " + kid
 	}
-	if claims.IssuedAt != nil {
-		lines = append(lines, fmt.Sprintf("issued %s (%s)", claims.IssuedAt.UTC().Format(time.RFC3339), until(claims.IssuedAt.Time, now)))
+	if err := auth.ValidTunnelName(claims.Subject); err != nil {
+		return fail(strings.Join(lines, "\n")+"\nsub is not a tunnel name: "+err.Error(), "issue the token with --tunnel set to a DNS label (a-z, 0-9, '-')")
 	}
-	if claims.ExpiresAt != nil {
-		lines = append(lines, fmt.Sprintf("expires %s (%s, by %s)", claims.ExpiresAt.UTC().Format(time.RFC3339), until(claims.ExpiresAt.Time, now), clock))
+	use, err := client.ParseToken(token, client.TokenFromFile)
+	if err != nil { // checked above; a JWT with a tunnel's sub parses
+		return fail(fmt.Sprintf("--token-file %s: %v", path, err), "put the JWT printed by `tether token issue` in the Secret")
+	}
+	lines = append(lines, tokenTimes(&use.Claims, now, clock)...)
+	if renewed := r.o.Client.RenewedTokenFile; renewed != "" {
+		var more []string
+		use, more = r.renewedToken(renewed, use, now, clock)
+		lines = append(lines, more...)
 	}
 	detail := strings.Join(lines, "\n")
-	reissue := fmt.Sprintf("issue a new token (tether token issue --tunnel %s ...) and update the Secret; the client re-reads the file at its next connect, no restart needed", claims.Subject)
+	c := &use.Claims
+	reissue := fmt.Sprintf("issue a new token (tether token issue --tunnel %s ...) and update the Secret; the client re-reads the file at its next connect, no restart needed", c.Tunnel)
 	switch {
-	case auth.ValidTunnelName(claims.Subject) != nil:
-		return fail(detail+"\nsub is not a tunnel name: "+auth.ValidTunnelName(claims.Subject).Error(), "issue the token with --tunnel set to a DNS label (a-z, 0-9, '-')")
-	case claims.ExpiresAt == nil:
+	case c.ExpiresAt.IsZero():
 		return fail(detail+"\nthe token has no exp claim; the server requires one", reissue)
-	case now.After(claims.ExpiresAt.Add(auth.DefaultLeeway)):
+	case now.After(c.ExpiresAt.Add(auth.DefaultLeeway)):
 		return fail(detail+"\nthe token has expired", reissue)
-	case now.After(claims.ExpiresAt.Time):
+	case now.After(c.ExpiresAt):
 		return warn(detail+fmt.Sprintf("\nthe token has expired; the server still accepts it for %s of clock leeway", auth.DefaultLeeway), reissue)
-	case claims.NotBefore != nil && now.Before(claims.NotBefore.Time):
-		return fail(detail+fmt.Sprintf("\nthe token is not valid before %s (%s)", claims.NotBefore.UTC().Format(time.RFC3339), until(claims.NotBefore.Time, now)),
+	case !c.NotBefore.IsZero() && now.Before(c.NotBefore):
+		return fail(detail+fmt.Sprintf("\nthe token is not valid before %s (%s)", c.NotBefore.Format(time.RFC3339), until(c.NotBefore, now)),
 			"wait, or issue a token without a future nbf; if the time looks wrong, see the clock check")
-	case claims.ExpiresAt.Sub(now) < tokenWarnBefore:
-		return warn(detail+"\nthe token expires within the hour", reissue)
+	}
+	if within := client.ExpiryWarning(c, now); within != 0 {
+		return warn(detail+fmt.Sprintf("\nthe token expires within %s and has not been renewed: servers with --token-renewal-key renew a connected client's token when a third of its lifetime is left", human.Age(within)),
+			reissue+"; or give the servers --token-renewal-key, so that they renew it")
 	}
 	return pass(detail)
+}
+
+// tokenTimes describes a token's jti, iat and exp.
+func tokenTimes(c *auth.Claims, now time.Time, clock string) []string {
+	var lines []string
+	if c.ID != "" {
+		id := "jti " + c.ID
+		if c.Renews != "" {
+			id += ", renewing jti " + c.Renews
+		}
+		lines = append(lines, id)
+	}
+	if !c.IssuedAt.IsZero() {
+		lines = append(lines, fmt.Sprintf("issued %s (%s)", c.IssuedAt.Format(time.RFC3339), until(c.IssuedAt, now)))
+	}
+	if !c.ExpiresAt.IsZero() {
+		lines = append(lines, fmt.Sprintf("expires %s (%s, by %s)", c.ExpiresAt.Format(time.RFC3339), until(c.ExpiresAt, now), clock))
+	}
+	return lines
+}
+
+// renewedToken reads the renewal the client keeps in --renewed-token-file
+// path and returns the token the client logs in with, file's or that one,
+// with lines that say which and why.
+func (r *run) renewedToken(path string, file *client.Token, now time.Time, clock string) (*client.Token, []string) {
+	renewed, err := client.ReadRenewedToken(path, file.Claims.Tunnel, now)
+	switch {
+	case err != nil:
+		return file, []string{"not used: " + err.Error()}
+	case renewed == nil:
+		return file, []string{fmt.Sprintf("--renewed-token-file %s holds no renewal yet", path)}
+	case client.PreferToken(file, renewed, now) != renewed:
+		return file, []string{fmt.Sprintf("--renewed-token-file %s holds an older renewal: the client logs in with --token-file's token", path)}
+	}
+	r.token = renewed.Raw()
+	lines := []string{fmt.Sprintf("in use: the renewal in --renewed-token-file %s, newer than --token-file's", path)}
+	return renewed, append(lines, tokenTimes(&renewed.Claims, now, clock)...)
 }
 
 // checkLogin asks the server, with a login probe, whether it accepts the
