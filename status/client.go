@@ -42,7 +42,7 @@ func (h *Health) Snapshot(ctx context.Context) (client.Snapshot, error) {
 		return client.Snapshot{}, err
 	}
 	if snap.Server == "" {
-		return client.Snapshot{}, e.notOurs("JSON without the client's server")
+		return client.Snapshot{}, e.notOurs(http.MethodGet, "JSON without the client's server")
 	}
 	return snap, nil
 }

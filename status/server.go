@@ -73,14 +73,14 @@ func (a *Admin) Fleet(ctx context.Context) (server.Fleet, error) {
 		return server.Fleet{}, err
 	}
 	if fleet.Replica == "" || fleet.Registry.Backend == "" {
-		return server.Fleet{}, e.notOurs("JSON without the replica and its registry")
+		return server.Fleet{}, e.notOurs(http.MethodGet, "JSON without the replica and its registry")
 	}
 	return fleet, nil
 }
 
 // endpoint is the admin API's endpoint at path.
 func (a *Admin) endpoint(path string) endpoint {
-	base := strings.TrimSuffix(a.url.String(), "/")
+	base := a.shown()
 	return endpoint{
 		url: base + path, shown: base, what: "tether server admin API", kind: "tether server admin address",
 		flag: "--admin", origin: "the server's --admin-addr",

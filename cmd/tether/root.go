@@ -107,6 +107,7 @@ the environment, the environment over the file.
 		NewCmdServer(f, run.server),
 		NewCmdClient(f, run.client),
 		NewCmdToken(f),
+		NewCmdTunnel(f),
 		NewCmdDiagnose(f),
 		NewCmdStatus(f),
 		NewCmdDemo(f, nil),

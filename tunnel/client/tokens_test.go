@@ -258,14 +258,22 @@ func TestRenewedTokenFile(t *testing.T) {
 	})
 }
 
+// startRenewed starts a client with n slots against a fake server, as
+// startFake does, and has the server send slot 0's session a renewal. It
+// returns the token file's token and the renewal.
+func startRenewed(t *testing.T, n int) (c *Client, f *fakeServer, first []*fakeSession, fileToken, renewal string) {
+	t.Helper()
+	c, f, first = startFake(t, n)
+	renewal = mint(t, "acme", "second", time.Now(), 30*day, "first")
+	first[0].notice(t, tunnel.Notice{Kind: tunnel.NoticeToken, Token: renewal})
+	return c, f, first, first[0].token, renewal
+}
+
 // A renewal that arrives on one session is used by every later login: a
 // slot that reconnects, and the process's other slots.
 func TestLaterLoginsUseTheRenewedToken(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
-		c, f, first := startFake(t, 2)
-		fileToken := first[0].token
-		renewal := mint(t, "acme", "second", time.Now(), 30*day, "first")
-		first[0].notice(t, tunnel.Notice{Kind: tunnel.NoticeToken, Token: renewal})
+		c, f, first, fileToken, renewal := startRenewed(t, 2)
 		for _, s := range first {
 			_ = s.mux.Close()
 		}
@@ -296,10 +304,7 @@ func tokenName(raw, fileToken string) string {
 // longer trusted) is dropped: the next login uses the token file's again.
 func TestRefusedRenewalIsDropped(t *testing.T) {
 	inBubble(t, func(t *testing.T) {
-		_, f, first := startFake(t, 1)
-		fileToken := first[0].token
-		renewal := mint(t, "acme", "second", time.Now(), 30*day, "first")
-		first[0].notice(t, tunnel.Notice{Kind: tunnel.NoticeToken, Token: renewal})
+		_, f, first, fileToken, renewal := startRenewed(t, 1)
 		f.mu.Lock()
 		f.refuse = func(token string) string {
 			if token == renewal {
