@@ -2,9 +2,14 @@
 // for people: a server's sessions from its admin API (GET /api/tunnels, a
 // row per session, as a tunnel may have several), every replica's tunnels as
 // that server's registry sees them (GET /api/fleet), or one client's state
-// and its sessions from its health address (GET /status). It decodes into
-// the types the server and the client encode, server.Info, server.Fleet and
-// client.Snapshot, so each JSON shape has one definition.
+// and its sessions from its health address (GET /status), with the token it
+// logs in with. Through the admin API it also revokes tunnels and tokens
+// (POST, GET and DELETE /api/revocations) and disconnects a tunnel's
+// sessions (POST /api/tunnels/{name}/disconnect), for tether token revoke,
+// revocations and unrevoke and tether tunnel disconnect. It decodes into
+// the types the server and the client encode, server.Info, server.Fleet,
+// registry.Revocation and client.Snapshot, so each JSON shape has one
+// definition.
 //
 // Everything it prints came over the network, and some of it from tunnel
 // clients themselves (the version a client sends at login): control

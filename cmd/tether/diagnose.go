@@ -147,8 +147,10 @@ func writeBundle(cmd *cobra.Command, f *Factory, opts *DiagnoseOptions, cfg clie
 		out = file
 	}
 	var secrets []string
-	if b, err := os.ReadFile(opts.Client.TokenFile); err == nil && opts.Client.TokenFile != "" {
-		secrets = append(secrets, strings.TrimSpace(string(b)))
+	for _, path := range []string{opts.Client.TokenFile, opts.Client.RenewedTokenFile} {
+		if b, err := os.ReadFile(path); err == nil && path != "" {
+			secrets = append(secrets, strings.TrimSpace(string(b)))
+		}
 	}
 	secrets = append(secrets, client.ProxySecrets(cfg)...)
 	werr := diagnose.WriteBundle(cmd.Context(), out, report, diagnose.BundleOptions{
