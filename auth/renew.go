@@ -41,7 +41,7 @@ func RenewAt(c *Claims) time.Time {
 // tokens wants them to end.
 const minRenewableLifetime = 30 * time.Second
 
-// ErrNotRenewable: the token has no known lifetime (neither nbf nor iat),
+// ErrNotRenewable is the error of a token with no known lifetime (neither nbf nor iat),
 // or one shorter than minRenewableLifetime.
 var ErrNotRenewable = errors.New("token is not renewable")
 
