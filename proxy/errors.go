@@ -70,7 +70,7 @@ type failure struct {
 // puts the raw error in the answer, nor the upstream's address: the caller
 // learns which route failed and how; the log has the rest.
 func (rt *route) classify(err error) failure {
-	up := fmt.Sprintf("the upstream of route %s (%s)", rt.Prefix, rt.Adapter)
+	up := "the upstream of route " + rt.Prefix + " (" + rt.Adapter + ")"
 	var re ResponseError
 	if errors.As(err, &re) {
 		status, code, msg := re.Response()
@@ -81,8 +81,7 @@ func (rt *route) classify(err error) failure {
 			"tether: %s sent no response headers within %s, the route's timeout", up, rt.Timeout)}
 	}
 	if errors.Is(err, ErrBadResponse) {
-		return failure{http.StatusBadGateway, CodeUpstreamBadResponse, fmt.Sprintf(
-			"tether: %s sent an answer tether does not pass on: %s", up, badResponseReason(err))}
+		return failure{http.StatusBadGateway, CodeUpstreamBadResponse, BadResponseMessage(up, err)}
 	}
 	var opErr *net.OpError
 	if errors.As(err, &opErr) && opErr.Op == "dial" {

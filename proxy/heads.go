@@ -98,12 +98,12 @@ func (s *HeadScanner) Reset() { *s = HeadScanner{} }
 func (s *HeadScanner) Done() bool { return s.done }
 
 // Scan takes p, the next bytes read from the connection, and returns how
-// many of them belong to the heads: all of p until the final head ends,
-// then up to its last byte. It returns an ErrBadResponse once the heads
-// exceed MaxHeadBytes or MaxHeadFields. After the final head it takes
-// nothing.
-func (s *HeadScanner) Scan(p []byte) (int, error) {
-	n := 0
+// many of them it took: all of p, or up to the end of a head (ended), so
+// that each head, a 1xx one too, can be passed on as it ends; Done tells
+// whether it was the final one. Call it again with the rest of p. It
+// returns an ErrBadResponse once the heads exceed MaxHeadBytes or
+// MaxHeadFields. After the final head it takes nothing.
+func (s *HeadScanner) Scan(p []byte) (n int, ended bool, err error) {
 	for n < len(p) && !s.done {
 		if s.size == 0 && s.line == 0 {
 			s.inStatus = true
@@ -114,7 +114,7 @@ func (s *HeadScanner) Scan(p []byte) (int, error) {
 			seg = seg[:end+1]
 		}
 		if s.size+len(seg) > MaxHeadBytes {
-			return n, errHeadBytes
+			return n, false, errHeadBytes
 		}
 		s.size += len(seg)
 		n += len(seg)
@@ -124,19 +124,20 @@ func (s *HeadScanner) Scan(p []byte) (int, error) {
 			}
 			s.lineCR = s.line == 0 && len(seg) == 1 && seg[0] == '\r'
 			s.line += len(seg)
-			return n, nil
+			return n, false, nil
 		}
 		content := seg[:end]
 		blank := s.line+end == 0 || s.line+end == 1 && (end == 1 && content[0] == '\r' || end == 0 && s.lineCR)
-		if err := s.endLine(content, blank); err != nil {
-			return n, err
+		if ended, err = s.endLine(content, blank); ended || err != nil {
+			return n, ended, err
 		}
 	}
-	return n, nil
+	return n, false, nil
 }
 
-// endLine ends the current line, whose last bytes are content.
-func (s *HeadScanner) endLine(content []byte, blank bool) error {
+// endLine ends the current line, whose last bytes are content, and reports
+// whether it ended a head.
+func (s *HeadScanner) endLine(content []byte, blank bool) (bool, error) {
 	s.line, s.lineCR = 0, false
 	switch {
 	case s.inStatus:
@@ -145,7 +146,7 @@ func (s *HeadScanner) endLine(content []byte, blank bool) error {
 			// No status line: not a response. The parser refuses it;
 			// nothing after it is a head.
 			s.done = true
-			return nil
+			return true, nil
 		}
 		s.status.feed(content)
 		s.continuing = s.status.informational()
@@ -153,16 +154,17 @@ func (s *HeadScanner) endLine(content []byte, blank bool) error {
 	case blank:
 		if !s.continuing {
 			s.done = true
-			return nil
+			return true, nil
 		}
 		s.continuing = false
 		s.inStatus = true // the next head follows at once
+		return true, nil
 	default:
 		if s.fields++; s.fields > MaxHeadFields {
-			return errHeadFields
+			return false, errHeadFields
 		}
 	}
-	return nil
+	return false, nil
 }
 
 // statusLine reads a status line as net/http's ReadResponse does, a piece

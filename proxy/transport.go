@@ -386,10 +386,12 @@ func (pc *persistConn) Read(p []byte) (int, error) {
 	if err != nil {
 		pc.readErr = err
 	}
-	if pc.headsOpen && n > 0 {
-		if _, herr := pc.heads.Scan(p[:n]); herr != nil {
+	for b := p[:n]; pc.headsOpen && len(b) > 0; {
+		k, _, herr := pc.heads.Scan(b)
+		if herr != nil {
 			return 0, herr
 		}
+		b = b[k:]
 		pc.headsOpen = !pc.heads.Done()
 	}
 	return n, err
