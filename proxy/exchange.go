@@ -44,7 +44,7 @@ type exchange struct {
 // the connection is closed.
 func (ex *exchange) run(timeout time.Duration) (*http.Response, error) {
 	pc, req := ex.pc, ex.req
-	pc.nread, pc.nwritten, pc.readErr = 0, 0, nil
+	pc.nread, pc.nwritten, pc.readErr, pc.headsErr = 0, 0, nil, nil
 	pc.heads.Reset()
 	pc.headsOpen = true
 	ex.deadline.d, ex.deadline.conn = timeout, pc.conn

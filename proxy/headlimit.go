@@ -59,15 +59,22 @@ func expectResponse(info httptrace.GotConnInfo) {
 // headCountingConn counts the response heads read from it. http.Transport
 // reads a connection from one goroutine, which may be waiting in Read as
 // the next request takes the connection: that request's mark (expect) is
-// taken up by the read, before it looks at the bytes.
+// taken up by the read, before it looks at the bytes. Once heads go beyond
+// the bounds, every read fails: bufio.Reader.ReadLine drops a read error
+// that comes after part of a line, and the parser would go on.
 type headCountingConn struct {
 	net.Conn
 	expect atomic.Bool
-	heads  HeadScanner // read's own
-	open   bool        // heads are being read; read's own
+	// The read's own.
+	heads HeadScanner
+	open  bool // heads are being read
+	err   error
 }
 
 func (c *headCountingConn) Read(p []byte) (int, error) {
+	if c.err != nil {
+		return 0, c.err
+	}
 	n, err := c.Conn.Read(p)
 	if c.expect.Swap(false) {
 		c.heads.Reset()
@@ -76,6 +83,7 @@ func (c *headCountingConn) Read(p []byte) (int, error) {
 	for b := p[:n]; c.open && len(b) > 0; {
 		k, _, herr := c.heads.Scan(b)
 		if herr != nil {
+			c.err = herr
 			return 0, herr
 		}
 		b = b[k:]

@@ -125,3 +125,27 @@ func TestLimitHeads(t *testing.T) {
 		})
 	}
 }
+
+// TestRouterRefusesHugeHeads: heads of a megabyte of short fields, whose
+// body never comes, are refused with 502 over either kind of connection,
+// whatever the reads' sizes: a read error that comes after part of a line
+// is dropped by bufio.Reader.ReadLine, so the fault must stay.
+func TestRouterRefusesHugeHeads(t *testing.T) {
+	var b strings.Builder
+	b.WriteString("HTTP/1.1 200 OK\r\n")
+	for i := 0; b.Len() < (1<<20)-4096; i++ {
+		fmt.Fprintf(&b, "X-%x: v\r\n", i)
+	}
+	b.WriteString("Content-Length: 100\r\n\r\n")
+	head := b.String()
+	addr, _ := rawUpstream(t, func(int) string { return head })
+	for _, d := range dialers {
+		t.Run(d.name, func(t *testing.T) {
+			tr := newTestRouter(t, []Route{{Prefix: "/", Upstream: mustURL(t, "http://"+addr)}}, nil, Options{DialContext: d.dial(t)})
+			res, body := tr.get(t, "/x", nil)
+			if res.StatusCode != http.StatusBadGateway || res.Header.Get(ErrorHeader) != CodeUpstreamBadResponse {
+				t.Errorf("got %d %q %.60q, want 502 %s", res.StatusCode, res.Header.Get(ErrorHeader), body, CodeUpstreamBadResponse)
+			}
+		})
+	}
+}

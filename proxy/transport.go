@@ -365,9 +365,12 @@ type persistConn struct {
 	// response that fails to parse without one is malformed.
 	readErr error
 	// heads follows the response heads while headsOpen; the body's bytes
-	// are not looked at.
+	// are not looked at. headsErr is the heads' fault once found: every
+	// later read returns it, for bufio.Reader.ReadLine drops a read error
+	// that comes after part of a line, and the parser would go on.
 	heads     HeadScanner
 	headsOpen bool
+	headsErr  error
 
 	// The watch of an idle connection: its goroutine reads one byte of
 	// raw, which returns when anything arrives or the connection ends, or
@@ -381,6 +384,9 @@ type persistConn struct {
 
 // Read reads from the connection, for br, and follows the response heads.
 func (pc *persistConn) Read(p []byte) (int, error) {
+	if pc.headsErr != nil {
+		return 0, pc.headsErr
+	}
 	n, err := pc.conn.Read(p)
 	pc.nread += int64(n)
 	if err != nil {
@@ -389,6 +395,7 @@ func (pc *persistConn) Read(p []byte) (int, error) {
 	for b := p[:n]; pc.headsOpen && len(b) > 0; {
 		k, _, herr := pc.heads.Scan(b)
 		if herr != nil {
+			pc.headsErr = herr
 			return 0, herr
 		}
 		b = b[k:]
