@@ -205,8 +205,11 @@ func (t *transport) dialConn(ctx context.Context) (*persistConn, error) {
 		}
 		conn = tc
 	}
-	pc := &persistConn{t: t, raw: raw, conn: conn, watched: make(chan struct{}, 1)}
+	pc := &persistConn{t: t, raw: raw, conn: conn}
 	pc.waiter, _ = conn.(ReadyWaiter)
+	if pc.rawWaiter, _ = raw.(ReadyWaiter); pc.rawWaiter == nil {
+		pc.watched = make(chan struct{}, 1)
+	}
 	pc.br = pc.getReader()
 	return pc, nil
 }
@@ -350,13 +353,16 @@ func (t *transport) idleCount() int {
 // time.
 type persistConn struct {
 	t      *transport
-	raw    net.Conn      // as dialed
-	conn   net.Conn      // raw, or TLS over it
-	waiter ReadyWaiter   // conn, if it can wait without reading; else nil
-	br     *bufio.Reader // reads conn through the persistConn; nil while idle
-	idleAt time.Time     // when it became idle
-	reused bool          // it has carried a request before
-	pooled bool          // in t.idle; guarded by t.mu
+	raw    net.Conn    // as dialed
+	conn   net.Conn    // raw, or TLS over it
+	waiter ReadyWaiter // conn, if it can wait without reading; else nil
+	// rawWaiter is raw, if it can wait without reading (a tunnel stream,
+	// under TLS or not); else nil.
+	rawWaiter ReadyWaiter
+	br        *bufio.Reader // reads conn through the persistConn; nil while idle
+	idleAt    time.Time     // when it became idle
+	reused    bool          // it has carried a request before
+	pooled    bool          // in t.idle; guarded by t.mu
 
 	// Counters of the current exchange, for its retry: what was read by
 	// the request's goroutine, written by whichever goroutine writes.
@@ -372,14 +378,14 @@ type persistConn struct {
 	headsOpen bool
 	headsErr  error
 
-	// The watch of an idle connection: its goroutine reads one byte of
-	// raw, which returns when anything arrives or the connection ends, or
-	// when unwatch stops it with a read deadline.
-	stopping atomic.Bool   // unwatch is stopping the watch
-	watched  chan struct{} // receives once each watch has returned
-	peek     [1]byte
-	peekN    int   // what the watch read
-	peekErr  error // and the error it returned
+	// The watch of the connection while it is idle (watch.go).
+	watchState atomic.Int32  // of a waiting watch
+	epoch      atomic.Uint64 // counts the connection's idle periods
+	stopping   atomic.Bool   // unwatch stops a reading watch
+	watched    chan struct{} // receives once each reading watch has returned
+	peek       [1]byte
+	peekN      int   // what a reading watch read
+	peekErr    error // and the error it returned
 }
 
 // Read reads from the connection, for br, and follows the response heads.
@@ -414,49 +420,6 @@ func (pc *persistConn) Write(p []byte) (int, error) {
 // close closes the connection. Its reader is not pooled: a read may still be
 // under way.
 func (pc *persistConn) close() { _ = pc.conn.Close() }
-
-// watch starts watching the idle connection: anything that arrives while it
-// waits for a request, or its end, takes it out of the pool and closes it,
-// as http.Transport closes a connection that receives an unsolicited
-// response. A tunnel stream nobody reads would otherwise buffer what the
-// upstream sends, up to its window, megabytes, until the stream is next
-// used or reaped; and the next request would read it as its answer.
-func (pc *persistConn) watch() {
-	pc.stopping.Store(false)
-	go pc.watchIdle()
-}
-
-// watchIdle is the watch's goroutine.
-func (pc *persistConn) watchIdle() {
-	pc.peekN, pc.peekErr = pc.raw.Read(pc.peek[:])
-	if !pc.stopping.Load() && pc.t.drop(pc) {
-		pc.close()
-	}
-	pc.watched <- struct{}{}
-}
-
-// aLongTimeAgo is a read deadline in the past: the read returns at once.
-var aLongTimeAgo = time.Unix(1, 0)
-
-// unwatch stops the watch of a connection taken from the pool and reports
-// whether the connection may carry a request: nothing arrived while it was
-// idle and it is still open. It reads the raw connection, so that a TLS
-// connection's state is not touched: any byte read means the connection is
-// unusable anyway.
-func (pc *persistConn) unwatch() bool {
-	pc.stopping.Store(true)
-	if pc.raw.SetReadDeadline(aLongTimeAgo) != nil {
-		pc.close()
-		<-pc.watched
-		return false
-	}
-	<-pc.watched
-	var ne net.Error
-	if pc.peekN > 0 || !errors.As(pc.peekErr, &ne) || !ne.Timeout() {
-		return false
-	}
-	return pc.raw.SetReadDeadline(time.Time{}) == nil
-}
 
 var (
 	readers       = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, bufSize) }}

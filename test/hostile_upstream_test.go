@@ -36,10 +36,9 @@ type hostileService struct {
 	wg   sync.WaitGroup
 	late chan struct{} // /extra writes its extra answer once this receives
 
-	mu     sync.Mutex
-	conns  map[net.Conn]bool // open connections, true once one carried a hostile answer
-	closed int               // connections that carried one, closed by the other end
-	seen   []string          // request lines, and lines read after a bare 101
+	mu    sync.Mutex
+	conns map[net.Conn]bool // open connections, true once one carried a hostile answer
+	seen  []string          // request lines, and lines read after a bare 101
 	// byID is the connection that carried the request with query id=ID,
 	// and ended whether it has ended.
 	byID  map[string]net.Conn
@@ -88,9 +87,6 @@ func (h *hostileService) serve(c net.Conn) {
 	defer func() {
 		_ = c.Close()
 		h.mu.Lock()
-		if h.conns[c] {
-			h.closed++
-		}
 		delete(h.conns, c)
 		h.ended[c] = true
 		h.mu.Unlock()
@@ -231,12 +227,18 @@ func (h *hostileService) endedFor(id string) bool {
 	return ok && h.ended[c]
 }
 
-// hostileClosed is how many connections that carried a hostile answer the
-// other end has closed.
-func (h *hostileService) hostileClosed() int {
+// hostileOpen is how many connections that carried a hostile answer are
+// still open.
+func (h *hostileService) hostileOpen() int {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	return h.closed
+	n := 0
+	for _, hostile := range h.conns {
+		if hostile {
+			n++
+		}
+	}
+	return n
 }
 
 // lines returns what the service read.
@@ -421,19 +423,22 @@ func TestHostileUpstreamMemory(t *testing.T) {
 	// half-closed idle streams: 698 MiB, still 245 MiB 140 s later.
 	t.Run("6 MiB after each answer/evil", func(t *testing.T) {
 		h := startHostile(t)
-		closed := h.evil.hostileClosed()
 		grown := peakGrowth(t, h.srv.cmd.Process.Pid, func() {
 			answers := inFlight(t, h.srv, "evil", "/junk6m", 64, false)
 			for i, r := range answers {
-				if r.code != http.StatusOK || r.body != "ok" {
-					t.Errorf("request %d: %d %q, want the service's ok", i, r.code, r.body)
+				// A request that takes a kept-alive stream as the junk
+				// arrives on it reads the junk as its answer, as with
+				// http.Transport: no head within the bounds, 502.
+				raced := r.code == http.StatusBadGateway && r.header.Get("X-Tether-Error") == "upstream_bad_response"
+				if !raced && (r.code != http.StatusOK || r.body != "ok") {
+					t.Errorf("request %d: %d %.80q, want the service's ok", i, r.code, r.body)
 					break
 				}
 			}
 			// Each connection ends, as the server resets its stream.
 			testutil.WaitFor(t, 30*time.Second, func() error {
-				if n := h.evil.hostileClosed() - closed; n < 64 {
-					return fmt.Errorf("%d of the 64 connections closed", n)
+				if n := h.evil.hostileOpen(); n > 0 {
+					return fmt.Errorf("%d connections that sent junk still open", n)
 				}
 				return nil
 			})
