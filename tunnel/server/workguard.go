@@ -103,7 +103,7 @@ const (
 func (g *workGuard) Write(p []byte) (int, error) {
 	if !g.switched.Load() {
 		if err := g.followRequests(p); err != nil {
-			_ = g.Close()
+			g.end()
 			return 0, fmt.Errorf("follow frp's request on a stock frpc's work connection: %w", err)
 		}
 	}
@@ -259,7 +259,7 @@ func (g *workGuard) followAnswers(p []byte) int {
 		p = p[n:]
 		if err != nil {
 			g.readErr = fmt.Errorf("the tunnel's service broke the framing of its answer: %w", err)
-			_ = g.Close()
+			g.end()
 		}
 	}
 	return passed
@@ -338,6 +338,16 @@ func (g *workGuard) refuse(err error) {
 		"X-Content-Type-Options: nosniff\r\n%s: %s\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s",
 		guardHeader, g.mark, len(msg), msg)
 	g.readErr = io.EOF
+	g.end()
+}
+
+// end ends the work connection: what the service still sends is not read,
+// so its stream is reset rather than closed, which would leave it taking
+// the rest (a megabyte head) until frpc closes its end.
+func (g *workGuard) end() {
+	if cs, ok := g.Conn.(*clientStream); ok {
+		resetStream(cs.Stream)
+	}
 	_ = g.Close()
 }
 
