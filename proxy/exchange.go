@@ -44,9 +44,8 @@ type exchange struct {
 // the connection is closed.
 func (ex *exchange) run(timeout time.Duration) (*http.Response, error) {
 	pc, req := ex.pc, ex.req
-	pc.nread, pc.nwritten, pc.readErr, pc.headsErr = 0, 0, nil, nil
-	pc.heads.Reset()
-	pc.headsOpen = true
+	pc.nread, pc.nwritten, pc.readErr = 0, 0, nil
+	pc.heads.start()
 	ex.deadline.d, ex.deadline.conn = timeout, pc.conn
 	ex.stopWatch = context.AfterFunc(req.Context(), ex.cancel)
 	if req.Body == nil || req.Body == http.NoBody {

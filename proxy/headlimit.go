@@ -33,7 +33,9 @@ func LimitHeads(t *http.Transport) http.RoundTripper {
 		if err != nil {
 			return nil, err
 		}
-		return &headCountingConn{Conn: c, open: true}, nil
+		hc := &headCountingConn{Conn: c}
+		hc.heads.start()
+		return hc, nil
 	}
 	return headLimiter{t}
 }
@@ -59,35 +61,23 @@ func expectResponse(info httptrace.GotConnInfo) {
 // headCountingConn counts the response heads read from it. http.Transport
 // reads a connection from one goroutine, which may be waiting in Read as
 // the next request takes the connection: that request's mark (expect) is
-// taken up by the read, before it looks at the bytes. Once heads go beyond
-// the bounds, every read fails: bufio.Reader.ReadLine drops a read error
-// that comes after part of a line, and the parser would go on.
+// taken up by the read, before it looks at the bytes.
 type headCountingConn struct {
 	net.Conn
 	expect atomic.Bool
-	// The read's own.
-	heads HeadScanner
-	open  bool // heads are being read
-	err   error
+	heads  headCount // the read's own
 }
 
 func (c *headCountingConn) Read(p []byte) (int, error) {
-	if c.err != nil {
-		return 0, c.err
+	if c.heads.err != nil {
+		return 0, c.heads.err
 	}
 	n, err := c.Conn.Read(p)
 	if c.expect.Swap(false) {
-		c.heads.Reset()
-		c.open = true
+		c.heads.start()
 	}
-	for b := p[:n]; c.open && len(b) > 0; {
-		k, _, herr := c.heads.Scan(b)
-		if herr != nil {
-			c.err = herr
-			return 0, herr
-		}
-		b = b[k:]
-		c.open = !c.heads.Done()
+	if herr := c.heads.read(p[:n]); herr != nil {
+		return 0, herr
 	}
 	return n, err
 }

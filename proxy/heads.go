@@ -167,6 +167,38 @@ func (s *HeadScanner) endLine(content []byte, blank bool) (bool, error) {
 	return false, nil
 }
 
+// headCount follows the response heads read from a connection, one
+// exchange's from start until its final head has ended. Once they go
+// beyond the bounds its fault stays: every later read is to fail with it,
+// for bufio.Reader.ReadLine drops a read error that comes after part of a
+// line, and Go's parser would go on.
+type headCount struct {
+	heads HeadScanner
+	open  bool  // the heads are being read
+	err   error // their fault, once found
+}
+
+// start readies c for the next exchange's heads.
+func (c *headCount) start() {
+	c.heads.Reset()
+	c.open, c.err = true, nil
+}
+
+// read follows p, the bytes just read, and returns the heads' fault if
+// they have gone beyond the bounds.
+func (c *headCount) read(p []byte) error {
+	for c.open && len(p) > 0 {
+		k, _, err := c.heads.Scan(p)
+		if err != nil {
+			c.err = err
+			return err
+		}
+		p = p[k:]
+		c.open = !c.heads.Done()
+	}
+	return nil
+}
+
 // statusLine reads a status line as net/http's ReadResponse does, a piece
 // at a time: the protocol up to the first space, any spaces, then the code
 // up to the next space or the end of the line, one "\r" before "\n" not

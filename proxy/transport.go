@@ -370,13 +370,8 @@ type persistConn struct {
 	// readErr is the last error of a read of the current exchange: a
 	// response that fails to parse without one is malformed.
 	readErr error
-	// heads follows the response heads while headsOpen; the body's bytes
-	// are not looked at. headsErr is the heads' fault once found: every
-	// later read returns it, for bufio.Reader.ReadLine drops a read error
-	// that comes after part of a line, and the parser would go on.
-	heads     HeadScanner
-	headsOpen bool
-	headsErr  error
+	// heads follows the response heads of the current exchange.
+	heads headCount
 
 	// The watch of the connection while it is idle (watch.go).
 	watchState atomic.Int32  // of a waiting watch
@@ -390,22 +385,16 @@ type persistConn struct {
 
 // Read reads from the connection, for br, and follows the response heads.
 func (pc *persistConn) Read(p []byte) (int, error) {
-	if pc.headsErr != nil {
-		return 0, pc.headsErr
+	if pc.heads.err != nil {
+		return 0, pc.heads.err
 	}
 	n, err := pc.conn.Read(p)
 	pc.nread += int64(n)
 	if err != nil {
 		pc.readErr = err
 	}
-	for b := p[:n]; pc.headsOpen && len(b) > 0; {
-		k, _, herr := pc.heads.Scan(b)
-		if herr != nil {
-			pc.headsErr = herr
-			return 0, herr
-		}
-		b = b[k:]
-		pc.headsOpen = !pc.heads.Done()
+	if herr := pc.heads.read(p[:n]); herr != nil {
+		return 0, herr
 	}
 	return n, err
 }
