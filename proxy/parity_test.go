@@ -239,15 +239,7 @@ func reverseProxyFront(t testing.TB, upstream string) *httptest.Server {
 		Transport: tr,
 		ErrorLog:  log.New(io.Discard, "", 0),
 	}
-	var inflight sync.WaitGroup
-	t.Cleanup(inflight.Wait)
-	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		inflight.Add(1)
-		defer inflight.Done()
-		rp.ServeHTTP(w, r)
-	}))
-	t.Cleanup(front.Close)
-	return front
+	return serveFront(t, rp)
 }
 
 // hostileUpstream plays a case's upstream on loopback TCP.
