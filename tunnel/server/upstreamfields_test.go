@@ -16,7 +16,7 @@ import (
 // without the field, and the forwarding replica does not take it for a
 // replica that no longer serves the tunnel and send the request to the
 // tunnel's other holder: a DELETE reaches the service once.
-func TestUpstreamCannotFakeAPeerMiss(t *testing.T) {
+func TestUpstreamTetherFieldsStopAtTheRouter(t *testing.T) {
 	f, k := newFleet(), newKeys(t)
 	a := startReplica(t, f, k, "a")
 	b := startReplica(t, f, k, "b")
