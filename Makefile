@@ -81,6 +81,8 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzApply$$' -fuzztime $(FUZZTIME) ./internal/config/
 	$(GO) test -run '^$$' -fuzz '^FuzzParseRoute$$' -fuzztime $(FUZZTIME) ./proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzRoutePath$$' -fuzztime $(FUZZTIME) ./proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzHeadScanner$$' -fuzztime $(FUZZTIME) ./proxy/
+	$(GO) test -run '^$$' -fuzz '^FuzzUpstreamAnswer$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzDialRequest$$' -fuzztime $(FUZZTIME) ./tunnel/
 	$(GO) test -run '^$$' -fuzz '^FuzzDialReply$$' -fuzztime $(FUZZTIME) ./tunnel/
 	$(GO) test -run '^$$' -fuzz '^FuzzReadOpening$$' -fuzztime $(FUZZTIME) ./tunnel/server/

@@ -346,6 +346,14 @@ func routeProblems(tunnel string, np *msg.NewProxy) []string {
 	if np.Multiplexer != "" {
 		add("multiplexer %s is not allowed: a tunnel serves exactly one http route", quote(np.Multiplexer))
 	}
+	if np.UseEncryption || np.UseCompression {
+		// frp would encrypt or compress the work connections, and the
+		// server could no longer bound the service's answers before frp
+		// reads them.
+		add("transport.useEncryption and transport.useCompression are not allowed: the tunnel is TLS already, " +
+			"and the server reads the service's answers to bound them; remove them from the proxy " +
+			"(use_encryption and use_compression in an INI configuration)")
+	}
 	return problems
 }
 

@@ -349,10 +349,9 @@ func TestPluginNewProxy(t *testing.T) {
 		{name: "http at its subdomain", mod: func(*plugin.NewProxyContent) {}},
 		{name: "named like the tunnel", mod: func(c *plugin.NewProxyContent) { c.ProxyName = "acme" }},
 		{name: "locations slash", mod: func(c *plugin.NewProxyContent) { c.Locations = []string{"/"} }},
-		{name: "header rewrite, encryption, compression", mod: func(c *plugin.NewProxyContent) {
+		{name: "header rewrite", mod: func(c *plugin.NewProxyContent) {
 			c.HostHeaderRewrite = "app-proxy.svc"
 			c.Headers = map[string]string{"X-From": "tether"}
-			c.UseEncryption, c.UseCompression = true, true
 		}},
 
 		{name: "tcp", mod: func(c *plugin.NewProxyContent) { c.ProxyType, c.RemotePort = "tcp", 6000 }, want: auth.ReasonProxy,
@@ -383,6 +382,10 @@ func TestPluginNewProxy(t *testing.T) {
 		{name: "remote port on http", mod: func(c *plugin.NewProxyContent) { c.RemotePort = 80 }, want: auth.ReasonProxy, contains: "remote_port 80"},
 		{name: "allow users", mod: func(c *plugin.NewProxyContent) { c.AllowUsers = []string{"*"} }, want: auth.ReasonProxy, contains: "allow_users"},
 		{name: "multiplexer", mod: func(c *plugin.NewProxyContent) { c.Multiplexer = "httpconnect" }, want: auth.ReasonProxy, contains: "multiplexer"},
+		{name: "encryption", mod: func(c *plugin.NewProxyContent) { c.UseEncryption = true }, want: auth.ReasonProxy,
+			contains: "transport.useEncryption and transport.useCompression are not allowed: the tunnel is TLS already"},
+		{name: "compression", mod: func(c *plugin.NewProxyContent) { c.UseCompression = true }, want: auth.ReasonProxy,
+			contains: "remove them from the proxy"},
 		{name: "foreign proxy name", mod: func(c *plugin.NewProxyContent) { c.ProxyName = "web" }, want: auth.ReasonProxy,
 			contains: `proxy name "web" is not allowed: name the proxy "acme" or "acme.<name>"`},
 		{name: "another tunnel's proxy name", mod: func(c *plugin.NewProxyContent) { c.ProxyName = "globex.web" }, want: auth.ReasonProxy},

@@ -74,11 +74,26 @@
 // httputil.ReverseProxy does, so that the upstream cannot read the query
 // differently from the router.
 //
+// The router reads what an upstream answers at least as strictly as
+// net/http.Transport, and a differential test holds it to that: response
+// heads are bounded to MaxHeadBytes (64 KiB) and MaxHeadFields (256 header
+// fields), the 1xx heads of an exchange counted with the final one, before
+// any parser holds them; a 101 switches protocols only to the upgrade the
+// request asked for; anything that arrives on a pooled connection while it
+// is idle closes it (see watch.go), and a connection the router is done
+// with is closed at once, a tunnel stream reset. An upstream's X-Tether-*
+// fields (tether's own) never reach the caller, in any head or trailer;
+// the caller's trailers pass by the rules of its header fields, without
+// forwarding fields, which only the server's entry sets. LimitHeads puts
+// the same bounds on an http.Transport.
+//
 // When the router answers instead of the upstream, the response is one short
 // line of text and the ErrorHeader header holds a code: 502 when the
-// upstream is unreachable or fails, 504 when it sends no headers within the
-// route's Timeout. Failures are logged at Warn with the route and upstream,
-// never with request headers; a caller that goes away is logged at Debug.
+// upstream is unreachable, fails, or answers what the router does not pass
+// on (CodeUpstreamBadResponse), 504 when it sends no headers within the
+// route's Timeout. The text names the route, never the upstream's address.
+// Failures are logged at Warn with the route and upstream, never with
+// request headers; a caller that goes away is logged at Debug.
 //
 // Upstreams sharing a scheme, dial address and TLS setting share one pool
 // of keep-alive HTTP/1.1 connections (through the tunnel, streams of the
@@ -86,8 +101,9 @@
 // so that an idle tunnel holds no streams. A connection returns to the pool
 // only when its response was read to the end; one that is a Shrinker (a
 // tunnel stream) then gives back its receive buffer. The router speaks
-// HTTP/1.1 on them itself, with no goroutine per connection: a request
-// costs its own goroutine, and one more while a request body streams.
+// HTTP/1.1 on them itself: a request costs its own goroutine, one more
+// while a request body streams, and an idle connection the goroutine that
+// watches it.
 //
 // A request that is safe to repeat (GET, HEAD, OPTIONS, TRACE, or with an
 // Idempotency-Key; no body) and fails on a kept-alive connection before any

@@ -37,9 +37,14 @@ const (
 	// CodeUpstreamTimeout (504): the upstream sent no response headers within
 	// the route's timeout.
 	CodeUpstreamTimeout = "upstream_timeout"
-	// CodeUpstreamFailed (502): the upstream closed the connection or broke
-	// the protocol before a response.
+	// CodeUpstreamFailed (502): the upstream closed the connection before a
+	// response, or the connection failed.
 	CodeUpstreamFailed = "upstream_failed"
+	// CodeUpstreamBadResponse (502): the upstream's answer is not one tether
+	// passes on (ErrBadResponse): response heads beyond MaxHeadBytes or
+	// MaxHeadFields, a protocol switch the request did not ask for, or
+	// bytes that are not an HTTP/1.1 response. The connection is closed.
+	CodeUpstreamBadResponse = "upstream_bad_response"
 	// CodeCanceled (502, rarely seen): the caller went away first.
 	CodeCanceled = "canceled"
 )
@@ -62,9 +67,10 @@ type failure struct {
 }
 
 // classify turns a transport error into the answer for the caller. It never
-// puts the raw error in the answer: that goes to the log.
+// puts the raw error in the answer, nor the upstream's address: the caller
+// learns which route failed and how; the log has the rest.
 func (rt *route) classify(err error) failure {
-	up := fmt.Sprintf("upstream %s (%s)", rt.Adapter, rt.upstream)
+	up := "the upstream of route " + rt.Prefix + " (" + rt.Adapter + ")"
 	var re ResponseError
 	if errors.As(err, &re) {
 		status, code, msg := re.Response()
@@ -74,6 +80,9 @@ func (rt *route) classify(err error) failure {
 		return failure{http.StatusGatewayTimeout, CodeUpstreamTimeout, fmt.Sprintf(
 			"tether: %s sent no response headers within %s, the route's timeout", up, rt.Timeout)}
 	}
+	if errors.Is(err, ErrBadResponse) {
+		return failure{http.StatusBadGateway, CodeUpstreamBadResponse, BadResponseMessage(up, err)}
+	}
 	var opErr *net.OpError
 	if errors.As(err, &opErr) && opErr.Op == "dial" {
 		return failure{http.StatusBadGateway, CodeUpstreamUnreachable, fmt.Sprintf(
@@ -82,8 +91,7 @@ func (rt *route) classify(err error) failure {
 	var certErr *tls.CertificateVerificationError
 	if errors.As(err, &certErr) {
 		return failure{http.StatusBadGateway, CodeUpstreamTLS, fmt.Sprintf(
-			"tether: %s failed TLS verification: %v; set insecure-skip-verify on the route if it uses a self-signed certificate",
-			up, certErr.Err)}
+			"tether: %s failed TLS verification; set insecure-skip-verify on the route if it uses a self-signed certificate", up)}
 	}
 	var recErr tls.RecordHeaderError
 	if errors.As(err, &recErr) {
@@ -106,7 +114,8 @@ func (rt *route) classify(err error) failure {
 	return failure{http.StatusBadGateway, CodeUpstreamFailed, fmt.Sprintf("tether: %s failed: %s", up, reason)}
 }
 
-// dialReason says why a dial failed, in words an operator can act on.
+// dialReason says why a dial failed, in words an operator can act on and
+// without the upstream's name: the log has it.
 func (rt *route) dialReason(err error) string {
 	var dnsErr *net.DNSError
 	var te interface{ Timeout() bool }
@@ -114,9 +123,9 @@ func (rt *route) dialReason(err error) string {
 	case errors.Is(err, syscall.ECONNREFUSED):
 		return "connection refused"
 	case errors.As(err, &dnsErr) && dnsErr.IsNotFound:
-		return fmt.Sprintf("host %q not found", dnsErr.Name)
+		return "its host name is not found"
 	case errors.As(err, &dnsErr):
-		return fmt.Sprintf("DNS lookup of %q failed", dnsErr.Name)
+		return "the DNS lookup of its host name failed"
 	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
 		return "no route to host"
 	case errors.As(err, &te) && te.Timeout():

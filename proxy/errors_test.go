@@ -74,46 +74,46 @@ func TestUpstreamErrors(t *testing.T) {
 			name:   "refused",
 			route:  Route{Prefix: "/", Upstream: mustURL(t, refused), Adapter: "argo-cd"},
 			status: http.StatusBadGateway, code: CodeUpstreamUnreachable,
-			body: "tether: upstream argo-cd (" + refused + ") is unreachable: connection refused",
+			body: "tether: the upstream of route / (argo-cd) is unreachable: connection refused",
 		},
 		{
 			name:   "unknown host",
 			route:  Route{Prefix: "/", Upstream: mustURL(t, "http://argocd-server:80"), Adapter: "argo-cd"},
 			opts:   Options{DialContext: dnsFail},
 			status: http.StatusBadGateway, code: CodeUpstreamUnreachable,
-			body: `tether: upstream argo-cd (http://argocd-server:80) is unreachable: host "argocd-server" not found`,
+			body: "tether: the upstream of route / (argo-cd) is unreachable: its host name is not found",
 		},
 		{
 			name:   "no answer within the dial timeout",
 			route:  Route{Prefix: "/", Upstream: mustURL(t, "http://app-proxy:8080")},
 			opts:   Options{DialContext: noAnswer, DialTimeout: 50 * time.Millisecond},
 			status: http.StatusBadGateway, code: CodeUpstreamUnreachable,
-			body: "tether: upstream custom (http://app-proxy:8080) is unreachable: no answer within 50ms",
+			body: "tether: the upstream of route / (custom) is unreachable: no answer within 50ms",
 		},
 		{
 			name:   "no response headers within the route's timeout",
 			route:  Route{Prefix: "/", Upstream: mustURL(t, slow.URL), Timeout: 100 * time.Millisecond, Adapter: "argo-events"},
 			status: http.StatusGatewayTimeout, code: CodeUpstreamTimeout,
-			body: "tether: upstream argo-events (" + slow.URL + ") sent no response headers within 100ms, the route's timeout",
+			body: "tether: the upstream of route / (argo-events) sent no response headers within 100ms, the route's timeout",
 		},
 		{
 			name:   "untrusted certificate",
 			route:  Route{Prefix: "/", Upstream: mustURL(t, tlsUp.URL), Adapter: "argo-workflows"},
 			status: http.StatusBadGateway, code: CodeUpstreamTLS,
-			body: "tether: upstream argo-workflows (" + tlsUp.URL + ") failed TLS verification: " +
-				"x509: certificate signed by unknown authority; set insecure-skip-verify on the route if it uses a self-signed certificate",
+			body: "tether: the upstream of route / (argo-workflows) failed TLS verification; " +
+				"set insecure-skip-verify on the route if it uses a self-signed certificate",
 		},
 		{
 			name:   "https to a plain http upstream",
 			route:  Route{Prefix: "/", Upstream: mustURL(t, strings.Replace(plain.URL, "http:", "https:", 1))},
 			status: http.StatusBadGateway, code: CodeUpstreamTLS,
-			body: "tether: upstream custom (" + strings.Replace(plain.URL, "http:", "https:", 1) + ") does not speak TLS; use an http:// upstream URL",
+			body: "tether: the upstream of route / (custom) does not speak TLS; use an http:// upstream URL",
 		},
 		{
 			name:   "connection closed before a response",
 			route:  Route{Prefix: "/", Upstream: mustURL(t, hangup.URL)},
 			status: http.StatusBadGateway, code: CodeUpstreamFailed,
-			body: "tether: upstream custom (" + hangup.URL + ") failed: it closed the connection before responding",
+			body: "tether: the upstream of route / (custom) failed: it closed the connection before responding",
 		},
 	}
 	for _, tc := range tests {
@@ -132,6 +132,10 @@ func TestUpstreamErrors(t *testing.T) {
 			}
 			if body != tc.body+"\n" {
 				t.Errorf("body\n got %q\nwant %q", body, tc.body+"\n")
+			}
+			// The caller learns the route, never where it leads.
+			if u := tc.route.Upstream; strings.Contains(body, u.Host) || strings.Contains(body, u.Hostname()) {
+				t.Errorf("body %q names the upstream %s", body, u)
 			}
 
 			warns := logs.FilterLevelExact(zapcore.WarnLevel).FilterMessage("upstream request failed").All()

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -43,7 +44,8 @@ type exchange struct {
 // the connection is closed.
 func (ex *exchange) run(timeout time.Duration) (*http.Response, error) {
 	pc, req := ex.pc, ex.req
-	pc.nread, pc.nwritten, pc.headLeft = 0, 0, -1
+	pc.nread, pc.nwritten, pc.readErr = 0, 0, nil
+	pc.heads.start()
 	ex.deadline.d, ex.deadline.conn = timeout, pc.conn
 	ex.stopWatch = context.AfterFunc(req.Context(), ex.cancel)
 	if req.Body == nil || req.Body == http.NoBody {
@@ -78,6 +80,9 @@ func (ex *exchange) run(timeout time.Duration) (*http.Response, error) {
 	ex.res = res
 	switch {
 	case res.StatusCode == http.StatusSwitchingProtocols:
+		if !switchAsked(req.Header, res.Header) {
+			return nil, ex.fail(errUnaskedSwitch)
+		}
 		res.Body = &upgradedBody{ex: ex, br: pc.br}
 	case res.Body == http.NoBody:
 		ex.finish(true)
@@ -198,18 +203,35 @@ func (b *continueBody) Read(p []byte) (int, error) {
 	return b.ReadCloser.Read(p)
 }
 
+// switchAsked reports whether a 101 answer with header res switches to the
+// protocol that the request with header req asked for, as http.Transport
+// and httputil.ReverseProxy decide: both name it in Upgrade, and both say
+// Connection: Upgrade. A bare 101 to a plain request would otherwise turn
+// the caller's connection into a raw pipe to the upstream, which would
+// then read the caller's next requests, whatever their host.
+func switchAsked(req, res http.Header) bool {
+	want := upgradeType(req)
+	return want != "" && strings.EqualFold(want, upgradeType(res))
+}
+
+// errTooManyInformational ends an exchange with endless 1xx responses.
+var errTooManyInformational = &badResponseError{
+	reason: fmt.Sprintf("it sent more than %d informational (1xx) responses", maxInformational)}
+
 // readResponse reads the final response head, writing 1xx responses to
-// ex.informational.
+// ex.informational. The heads are bounded together (pc.heads).
 func (ex *exchange) readResponse() (*http.Response, error) {
 	pc := ex.pc
 	for n := 0; ; n++ {
 		if n > maxInformational {
-			return nil, fmt.Errorf("more than %d informational (1xx) responses", maxInformational)
+			return nil, errTooManyInformational
 		}
-		pc.headLeft = maxResponseHeaderBytes
 		res, err := http.ReadResponse(pc.br, ex.req)
-		pc.headLeft = -1
 		if err != nil {
+			if pc.readErr == nil && !errors.Is(err, ErrBadResponse) {
+				// The bytes arrived, and are not a response.
+				err = malformed(err)
+			}
 			return nil, fmt.Errorf("read response: %w", err)
 		}
 		code := res.StatusCode
@@ -221,7 +243,9 @@ func (ex *exchange) readResponse() (*http.Response, error) {
 			if w := ex.informational; w != nil {
 				h := w.Header()
 				for k, vv := range res.Header {
-					h[k] = vv
+					if !tetherField(k) {
+						h[k] = vv
+					}
 				}
 				w.WriteHeader(code)
 				// WriteHeader keeps the headers of a 1xx response.

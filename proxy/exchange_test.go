@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -249,7 +250,7 @@ func TestTransportRetry(t *testing.T) {
 	}{
 		{name: "GET, closed before the request", second: closeBeforeRequest, method: http.MethodGet, retry: true},
 		{name: "DELETE, closed before the request", second: closeBeforeRequest, method: http.MethodDelete, retry: true},
-		// Found closed before it is used: see TestTransportProbesIdle.
+		// Found closed before it is used: see TestTransportWatchesIdle.
 		{name: "POST with a body, closed before the request", second: closeBeforeRequest, method: http.MethodPost, body: "x", retry: true},
 		{name: "GET, no answer", second: closeAfterRequest, method: http.MethodGet, retry: true},
 		{name: "HEAD, no answer", second: closeAfterRequest, method: http.MethodHead, retry: true},
@@ -325,23 +326,20 @@ func TestTransportRetry(t *testing.T) {
 	})
 }
 
-// TestTransportProbesIdle: a connection is checked before use when it was
-// idle for a while, or when the request could not be repeated, so that such
-// a request does not meet an upstream's close of its keep-alive connection.
-func TestTransportProbesIdle(t *testing.T) {
+// TestTransportWatchesIdle: whatever arrives on a pooled connection while
+// it is idle (the upstream's close, an extra response) takes it out of the
+// pool and closes it at once, so that the next request neither meets the
+// close nor reads the extra response as its answer.
+func TestTransportWatchesIdle(t *testing.T) {
 	tests := []struct {
-		name       string
-		closeAfter time.Duration // the upstream's keep-alive timeout
-		idle       time.Duration // between the two requests
-		method     string
-		probes     int32
-		dials      int32
+		name   string
+		idle   string // what the upstream does once it has answered
+		method string
 	}{
-		{name: "GET at once", closeAfter: time.Hour, method: http.MethodGet, dials: 1},
-		{name: "GET after a second", closeAfter: time.Hour, idle: probeIdleAfter, method: http.MethodGet, probes: 1, dials: 1},
-		{name: "POST at once", closeAfter: time.Hour, method: http.MethodPost, probes: 1, dials: 1},
-		{name: "GET after the upstream closed", closeAfter: 500 * time.Millisecond, idle: probeIdleAfter, method: http.MethodGet, probes: 1, dials: 2},
-		{name: "POST after the upstream closed", method: http.MethodPost, probes: 1, dials: 2},
+		{name: "GET after the upstream closed", idle: "close", method: http.MethodGet},
+		{name: "POST after the upstream closed", idle: "close", method: http.MethodPost},
+		{name: "GET after an extra response", idle: extraResponse, method: http.MethodGet},
+		{name: "POST after an extra response", idle: extraResponse, method: http.MethodPost},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -357,29 +355,31 @@ func TestTransportProbesIdle(t *testing.T) {
 							posts.Add(1)
 						}
 						_, _ = io.WriteString(c, okResponse)
-						// Close when idle for closeAfter.
-						_ = c.SetReadDeadline(time.Now().Add(tc.closeAfter))
-						if _, err := c.br.Peek(1); err != nil {
+						time.Sleep(time.Second)
+						if tc.idle == "close" {
 							return
 						}
-						_ = c.SetReadDeadline(time.Time{})
+						_, _ = io.WriteString(c, tc.idle)
 					}
 				})
 				tr := up.transport(t)
 				if _, _, err := fetch(t, tr, newRequest(t, http.MethodGet, "/", nil)); err != nil {
 					t.Fatal(err)
 				}
-				time.Sleep(tc.idle)
+				time.Sleep(2 * time.Second)
 				synctest.Wait()
+				if n := tr.idleCount(); n != 0 {
+					t.Fatalf("%d idle connections after the upstream's %s, want none", n, tc.idle)
+				}
 				var body io.Reader
 				if tc.method == http.MethodPost {
 					body = strings.NewReader("event")
 				}
 				if _, got, err := fetch(t, tr, newRequest(t, tc.method, "/", body)); err != nil || got != "ok" {
-					t.Fatalf("%s: %q, %v", tc.method, got, err)
+					t.Fatalf("%s: %q, %v; want the upstream's fresh answer", tc.method, got, err)
 				}
-				if p, d := up.probes.Load(), up.dials.Load(); p != tc.probes || d != tc.dials {
-					t.Errorf("%d checks of idle connections, %d connections; want %d and %d", p, d, tc.probes, tc.dials)
+				if d := up.dials.Load(); d != 2 {
+					t.Errorf("%d connections, want 2", d)
 				}
 				if tc.method == http.MethodPost && posts.Load() != 1 {
 					t.Errorf("the upstream received %d POSTs, want 1", posts.Load())
@@ -388,6 +388,9 @@ func TestTransportProbesIdle(t *testing.T) {
 		})
 	}
 }
+
+// extraResponse is an answer to no request, with a caller's cookie.
+const extraResponse = "HTTP/1.1 200 OK\r\nSet-Cookie: session=previous-caller\r\nContent-Length: 8\r\n\r\nprevious"
 
 func TestTransportIdleTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
@@ -669,23 +672,80 @@ func TestTransportUpgrade(t *testing.T) {
 	}
 }
 
-func TestTransportHeadLimit(t *testing.T) {
-	up := newPipeUpstream(t, func(c *upstreamConn) {
-		if _, _, err := c.readRequest(); err != nil {
-			return
+// TestTransportHeadLimits: response heads are bounded in bytes and in
+// fields, the 1xx heads of an exchange together with the final one, and a
+// head beyond either bound fails the exchange with ErrBadResponse before
+// the parser holds it.
+func TestTransportHeadLimits(t *testing.T) {
+	field := func(i int) string { return fmt.Sprintf("X-F%d: v\r\n", i) }
+	fields := func(from, n int) string {
+		var b strings.Builder
+		for i := range n {
+			b.WriteString(field(from + i))
 		}
-		_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\nX-Big: ")
-		chunk := strings.Repeat("a", 64<<10)
-		for range 2 * maxResponseHeaderBytes / len(chunk) {
-			if _, err := io.WriteString(c, chunk); err != nil {
+		return b.String()
+	}
+	big := "X-Big: " + strings.Repeat("a", MaxHeadBytes-200) + "\r\n"
+	tests := []struct {
+		name   string
+		answer string
+		ok     bool
+	}{
+		{"fields at the bound", "HTTP/1.1 200 OK\r\n" + fields(0, MaxHeadFields-1) + "Content-Length: 2\r\n\r\nok", true},
+		{"one field too many", "HTTP/1.1 200 OK\r\n" + fields(0, MaxHeadFields) + "Content-Length: 2\r\n\r\nok", false},
+		{"bytes at the bound", "HTTP/1.1 200 OK\r\n" + big + "Content-Length: 2\r\n\r\nok", true},
+		{"bytes beyond the bound", "HTTP/1.1 200 OK\r\n" + big + strings.Repeat("X-A: b\r\n", 40) + "Content-Length: 2\r\n\r\nok", false},
+		{"1xx heads count with the final one", "HTTP/1.1 103 Early Hints\r\n" + fields(0, MaxHeadFields/2) + "\r\n" +
+			"HTTP/1.1 200 OK\r\n" + fields(MaxHeadFields/2, MaxHeadFields/2) + "Content-Length: 2\r\n\r\nok", false},
+		{"a body of many lines is no head", "HTTP/1.1 200 OK\r\nContent-Length: 2000\r\n\r\n" + strings.Repeat("\n", 2000), true},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			up := newPipeUpstream(t, func(c *upstreamConn) {
+				if _, _, err := c.readRequest(); err != nil {
+					return
+				}
+				_, _ = io.WriteString(c, tc.answer)
+				_, _ = io.Copy(io.Discard, c)
+			})
+			tr := up.transport(t)
+			res, _, err := fetch(t, tr, newRequest(t, http.MethodGet, "/", nil))
+			if tc.ok {
+				if err != nil || res.StatusCode != http.StatusOK {
+					t.Fatalf("got %v; want the answer", err)
+				}
 				return
 			}
+			if !errors.Is(err, ErrBadResponse) {
+				t.Fatalf("got %v, want ErrBadResponse", err)
+			}
+			up.wg.Wait() // the connection was closed
+		})
+	}
+
+	t.Run("endless heads are not read", func(t *testing.T) {
+		var sent atomic.Int64
+		up := newPipeUpstream(t, func(c *upstreamConn) {
+			if _, _, err := c.readRequest(); err != nil {
+				return
+			}
+			_, _ = io.WriteString(c, "HTTP/1.1 200 OK\r\n")
+			for i := 0; ; i++ {
+				n, err := io.WriteString(c, field(i))
+				sent.Add(int64(n))
+				if err != nil {
+					return
+				}
+			}
+		})
+		if _, _, err := fetch(t, up.transport(t), newRequest(t, http.MethodGet, "/", nil)); !errors.Is(err, ErrBadResponse) {
+			t.Fatalf("got %v, want ErrBadResponse", err)
+		}
+		up.wg.Wait()
+		if n := sent.Load(); n > 2*MaxHeadBytes {
+			t.Errorf("read %d bytes of head; want the read stopped near the bound", n)
 		}
 	})
-	_, _, err := fetch(t, up.transport(t), newRequest(t, http.MethodGet, "/", nil))
-	if !errors.Is(err, errHeadTooLarge) {
-		t.Errorf("error %v, want %v", err, errHeadTooLarge)
-	}
 }
 
 // shrinkingConn counts the transport's calls to Shrink.

@@ -100,14 +100,15 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 // announceTrailers announces the trailers the upstream announced, in h, and
 // returns how many.
 func announceTrailers(h, trailer http.Header) int {
-	if len(trailer) == 0 {
-		return 0
-	}
-	keys := make([]string, 0, len(trailer))
+	var keys []string
 	for k := range trailer {
-		keys = append(keys, k)
+		if !tetherField(k) {
+			keys = append(keys, k)
+		}
 	}
-	h.Add("Trailer", strings.Join(keys, ", "))
+	if len(keys) > 0 {
+		h.Add("Trailer", strings.Join(keys, ", "))
+	}
 	return len(keys)
 }
 
@@ -118,6 +119,11 @@ func sendTrailers(w http.ResponseWriter, trailer http.Header, announced int) {
 	// no room for trailers.
 	_ = http.NewResponseController(w).Flush()
 	h := w.Header()
+	for k := range trailer {
+		if tetherField(k) {
+			delete(trailer, k)
+		}
+	}
 	if len(trailer) == announced {
 		for k, vv := range trailer {
 			h[k] = vv
@@ -183,8 +189,11 @@ func (rt *route) outbound(in *http.Request) (*http.Request, error) {
 	out.Header = h
 	out.Close = false
 	out.Body = nil
+	out.Trailer = nil
 	if in.ContentLength != 0 && in.Body != nil && in.Body != http.NoBody {
-		out.Body = &callerBody{r: in.Body}
+		body := &callerBody{r: in.Body}
+		out.Body = body
+		out.Trailer = body.trailers(in.Trailer)
 	}
 	return out, nil
 }
@@ -215,6 +224,29 @@ func notForUpstream(k string) bool {
 	return k == "Forwarded" || k == "Proxy" || strings.HasPrefix(k, "Proxy-")
 }
 
+// callerTrailer reports whether the caller's trailer field named k may
+// reach the upstream: by the rules of its header fields, and none that tells
+// about the caller or speaks for tether (X-Forwarded-*, X-Real-Ip,
+// X-Tether-*), which the server's entry vouches for in the head only.
+// Servers that map fields to CGI-style variables read '_' as '-'.
+func callerTrailer(k string) bool {
+	if hopByHop(k) || notForUpstream(k) || tetherField(k) {
+		return false
+	}
+	l := strings.ToLower(strings.ReplaceAll(k, "_", "-"))
+	return l != "forwarded" && l != "x-real-ip" && !strings.HasPrefix(l, "x-forwarded-") && !strings.HasPrefix(l, "proxy-")
+}
+
+// tetherField reports whether the field named k is one of tether's own
+// (X-Tether-*, in any case): an upstream's never reaches a caller, a
+// replica or the error handling, where it would pass for tether's (a
+// forged X-Tether-Error, or X-Tether-Peer-Miss, which makes a replica send
+// the request to another holder of the tunnel).
+func tetherField(k string) bool {
+	const prefix = "x-tether-"
+	return len(k) >= len(prefix) && strings.EqualFold(k[:len(prefix)], prefix)
+}
+
 // deleteListed deletes from h the headers that src's Connection header
 // names: they are hop-by-hop too.
 func deleteListed(h, src http.Header) {
@@ -227,11 +259,11 @@ func deleteListed(h, src http.Header) {
 	}
 }
 
-// copyEndToEnd copies the end-to-end headers of src into h, sharing the
-// values.
+// copyEndToEnd copies the end-to-end headers of src, an upstream's, into
+// h, sharing the values; tether's own are not taken from an upstream.
 func copyEndToEnd(h, src http.Header) {
 	for k, vv := range src {
-		if !hopByHop(k) {
+		if !hopByHop(k) && !tetherField(k) {
 			h[k] = vv
 		}
 	}
@@ -289,17 +321,42 @@ var errBodyAfterHandler = errors.New("request body read after the handler return
 // callerBody is the caller's request body as the transport sees it:
 // closing it stops further reads (the body's writer may outlive the
 // handler) and leaves the caller's body to the HTTP server, which closes
-// it.
+// it. At its end it fills in the trailers that pass on.
 type callerBody struct {
 	r      io.ReadCloser
 	closed atomic.Bool
+	// trailer is the outbound request's, from, the caller's: the server
+	// fills in the caller's values only once the body has ended.
+	trailer, from http.Header
+}
+
+// trailers returns the outbound request's trailers, those of the caller's
+// announced trailers (from) that may reach the upstream, with their
+// values to come at the body's end; nil if none.
+func (b *callerBody) trailers(from http.Header) http.Header {
+	for k := range from {
+		if callerTrailer(k) {
+			if b.trailer == nil {
+				b.trailer = make(http.Header, len(from))
+			}
+			b.trailer[k] = nil
+		}
+	}
+	b.from = from
+	return b.trailer
 }
 
 func (b *callerBody) Read(p []byte) (int, error) {
 	if b.closed.Load() {
 		return 0, errBodyAfterHandler
 	}
-	return b.r.Read(p)
+	n, err := b.r.Read(p)
+	if errors.Is(err, io.EOF) {
+		for k := range b.trailer {
+			b.trailer[k] = b.from[k]
+		}
+	}
+	return n, err
 }
 
 // Close stops further reads.
@@ -410,9 +467,10 @@ func isEventStream(ct string) bool {
 	return strings.EqualFold(strings.TrimSpace(mt), "text/event-stream")
 }
 
-// switchProtocols completes a protocol switch (a websocket): it sends the
-// upstream's 101 to the caller on the hijacked connection, then copies
-// bytes both ways until either side ends.
+// switchProtocols completes a protocol switch (a websocket) that the
+// transport found asked for: it sends the upstream's 101 to the caller on
+// the hijacked connection, then copies bytes both ways until either side
+// ends.
 func (rt *route) switchProtocols(w http.ResponseWriter, out *http.Request, res *http.Response) {
 	backend, ok := res.Body.(io.ReadWriteCloser)
 	if !ok {
@@ -421,10 +479,6 @@ func (rt *route) switchProtocols(w http.ResponseWriter, out *http.Request, res *
 		return
 	}
 	defer backend.Close()
-	if want, got := upgradeType(out.Header), upgradeType(res.Header); !strings.EqualFold(want, got) {
-		rt.handleError(w, out, fmt.Errorf("upstream switched to protocol %q when %q was asked for", got, want))
-		return
-	}
 	conn, brw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
 		rt.handleError(w, out, fmt.Errorf("take over the caller's connection for a protocol switch: %w", err))
@@ -438,7 +492,9 @@ func (rt *route) switchProtocols(w http.ResponseWriter, out *http.Request, res *
 
 	h := w.Header()
 	for k, vv := range res.Header {
-		h[k] = vv
+		if !tetherField(k) {
+			h[k] = vv
+		}
 	}
 	res.Header = h
 	res.Body = nil // res.Write writes the head only

@@ -91,17 +91,25 @@ func newTestRouter(t testing.TB, routes []Route, log *zap.Logger, opts Options) 
 		t.Fatalf("NewRouter: %v", err)
 	}
 	t.Cleanup(r.Close)
-	// httptest.Server.Close does not wait for hijacked connections
-	// (websockets): wait for every ServeHTTP, so none logs after the test.
+	front := serveFront(t, r)
+	return &testRouter{Router: r, front: front, client: front.Client()}
+}
+
+// serveFront serves h, as the tunnel server's entry serves a router. Cleanup
+// closes it and waits for every ServeHTTP: httptest.Server.Close does not
+// wait for hijacked connections (websockets), and none may log after the
+// test.
+func serveFront(t testing.TB, h http.Handler) *httptest.Server {
+	t.Helper()
 	var inflight sync.WaitGroup
 	t.Cleanup(inflight.Wait)
 	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		inflight.Add(1)
 		defer inflight.Done()
-		r.ServeHTTP(w, req)
+		h.ServeHTTP(w, req)
 	}))
 	t.Cleanup(front.Close)
-	return &testRouter{Router: r, front: front, client: front.Client()}
+	return front
 }
 
 // get sends a GET for path through the router and returns the response with

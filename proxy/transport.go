@@ -9,7 +9,9 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -27,21 +29,11 @@ const (
 	// large because a burst of concurrent requests would otherwise pay a
 	// new dial for each connection beyond it at the next burst: the router
 	// is a hop that many concurrent requests cross.
-	maxIdleConns = 256
-	// probeIdleAfter: a connection idle for longer is checked for a close
-	// by the upstream before it carries a request, and so is any
-	// connection before it carries a request that is not safe to repeat.
-	// Upstreams close idle keep-alive connections (Node.js after 5s,
-	// gunicorn after 2s, some after every response), and a request that
-	// cannot be repeated fails if it is written on one.
-	probeIdleAfter = time.Second
+	maxIdleConns   = 256
 	tcpKeepAlive   = 30 * time.Second
 	expectContinue = time.Second
-	// maxResponseHeaderBytes bounds a response's head (status line and
-	// headers, each 1xx response's on its own), maxInformational the 1xx
-	// responses before the final one.
-	maxResponseHeaderBytes = 1 << 20
-	maxInformational       = 32
+	// maxInformational bounds the 1xx responses before the final one.
+	maxInformational = 32
 	// bufSize is the size of the pooled buffers that read responses and
 	// write requests. A response is read through one for its head and its
 	// chunks' size lines; its body's reads of at least bufSize into an empty
@@ -108,6 +100,16 @@ func newDialFunc(opts Options) DialFunc {
 // sides keep it alive; it is closed otherwise, and after idleConnTimeout
 // unused.
 //
+// It is at least as strict as http.Transport toward what an upstream
+// answers: response heads are bounded (MaxHeadBytes, MaxHeadFields, the
+// 1xx heads of an exchange counted with the final one), a 101 switches
+// protocols only when the request asked for that switch, and a pooled
+// connection on which anything arrives while it is idle (an extra
+// response, a body after a HEAD answer, the upstream's close) is closed at
+// once by the goroutine that watches it, and never handed to a request.
+// Closing a tunnel stream resets it (tunnel/server's tunnelConn), so that
+// nothing the upstream sends after stays buffered.
+//
 // A request that is safe to repeat (GET, HEAD, OPTIONS, TRACE, or one with
 // an Idempotency-Key, all without a body) and that fails on a pooled
 // connection before any byte of the response arrived is sent once more, on
@@ -152,7 +154,7 @@ var errHeaderTimeout = errors.New("no response headers within the route's timeou
 // be empty: the upstream sees the host of req.URL.
 func (t *transport) roundTrip(req *http.Request, timeout time.Duration, informational http.ResponseWriter) (*http.Response, error) {
 	ctx := req.Context()
-	pc, err := t.getConn(ctx, replayable(req) && (req.Body == nil || req.Body == http.NoBody))
+	pc, err := t.getConn(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -169,16 +171,15 @@ func (t *transport) roundTrip(req *http.Request, timeout time.Duration, informat
 	return res, err
 }
 
-// getConn returns an idle connection, or dials one. For a request that is
-// repeated if the connection turns out closed (repeatable), a connection
-// used within probeIdleAfter is taken as it is.
-func (t *transport) getConn(ctx context.Context, repeatable bool) (*persistConn, error) {
+// getConn returns an idle connection on which nothing arrived while it
+// was idle, or dials one.
+func (t *transport) getConn(ctx context.Context) (*persistConn, error) {
 	for {
 		pc := t.popIdle()
 		if pc == nil {
 			return t.dialConn(ctx)
 		}
-		if repeatable && time.Since(pc.idleAt) < probeIdleAfter || pc.open() {
+		if pc.unwatch() {
 			pc.br = pc.getReader()
 			return pc, nil
 		}
@@ -206,6 +207,9 @@ func (t *transport) dialConn(ctx context.Context) (*persistConn, error) {
 	}
 	pc := &persistConn{t: t, raw: raw, conn: conn}
 	pc.waiter, _ = conn.(ReadyWaiter)
+	if pc.rawWaiter, _ = raw.(ReadyWaiter); pc.rawWaiter == nil {
+		pc.watched = make(chan struct{}, 1)
+	}
 	pc.br = pc.getReader()
 	return pc, nil
 }
@@ -221,6 +225,7 @@ func (t *transport) popIdle() *persistConn {
 	pc := t.idle[n-1]
 	t.idle[n-1] = nil
 	t.idle = t.idle[:n-1]
+	pc.pooled = false
 	return pc
 }
 
@@ -235,7 +240,7 @@ type Shrinker interface {
 }
 
 // putIdle keeps pc, whose last response was read to its end, for the next
-// request.
+// request, and watches it while it waits.
 func (t *transport) putIdle(pc *persistConn) {
 	if pc.br.Buffered() > 0 {
 		// The upstream sent more than its response.
@@ -253,11 +258,15 @@ func (t *transport) putIdle(pc *persistConn) {
 	t.mu.Lock()
 	if len(t.idle) >= maxIdleConns {
 		evicted = t.idle[0]
+		evicted.pooled = false
 		n := copy(t.idle, t.idle[1:])
 		t.idle[n] = nil
 		t.idle = t.idle[:n]
 	}
+	pc.pooled = true
 	t.idle = append(t.idle, pc)
+	// Watched from before anyone may take it.
+	pc.watch()
 	if !t.reaps {
 		t.reaps = true
 		if t.reaper == nil {
@@ -272,6 +281,20 @@ func (t *transport) putIdle(pc *persistConn) {
 	}
 }
 
+// drop takes pc out of the pool and reports whether it was there: whoever
+// takes it out closes it.
+func (t *transport) drop(pc *persistConn) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if !pc.pooled {
+		return false
+	}
+	pc.pooled = false
+	i := slices.Index(t.idle, pc)
+	t.idle = slices.Delete(t.idle, i, i+1)
+	return true
+}
+
 // reap closes the connections idle for idleConnTimeout, and runs again
 // when the next one will be.
 func (t *transport) reap() {
@@ -283,6 +306,9 @@ func (t *transport) reap() {
 	}
 	expired := make([]*persistConn, n)
 	copy(expired, t.idle)
+	for _, pc := range expired {
+		pc.pooled = false
+	}
 	rest := copy(t.idle, t.idle[n:])
 	clear(t.idle[rest:])
 	t.idle = t.idle[:rest]
@@ -303,6 +329,9 @@ func (t *transport) closeIdle() {
 	t.mu.Lock()
 	idle := t.idle
 	t.idle = nil
+	for _, pc := range idle {
+		pc.pooled = false
+	}
 	if t.reaper != nil {
 		t.reaper.Stop()
 	}
@@ -324,39 +353,48 @@ func (t *transport) idleCount() int {
 // time.
 type persistConn struct {
 	t      *transport
-	raw    net.Conn      // as dialed
-	conn   net.Conn      // raw, or TLS over it
-	waiter ReadyWaiter   // conn, if it can wait without reading; else nil
-	br     *bufio.Reader // reads conn through the persistConn; nil while idle
-	idleAt time.Time     // when it became idle
-	reused bool          // it has carried a request before
+	raw    net.Conn    // as dialed
+	conn   net.Conn    // raw, or TLS over it
+	waiter ReadyWaiter // conn, if it can wait without reading; else nil
+	// rawWaiter is raw, if it can wait without reading (a tunnel stream,
+	// under TLS or not); else nil.
+	rawWaiter ReadyWaiter
+	br        *bufio.Reader // reads conn through the persistConn; nil while idle
+	idleAt    time.Time     // when it became idle
+	reused    bool          // it has carried a request before
+	pooled    bool          // in t.idle; guarded by t.mu
 
 	// Counters of the current exchange, for its retry: what was read by
 	// the request's goroutine, written by whichever goroutine writes.
 	nread, nwritten int64
-	// headLeft is how much more of the response head may be read; -1
-	// while the body is read.
-	headLeft int64
+	// readErr is the last error of a read of the current exchange: a
+	// response that fails to parse without one is malformed.
+	readErr error
+	// heads follows the response heads of the current exchange.
+	heads headCount
+
+	// The watch of the connection while it is idle (watch.go).
+	watchState atomic.Int32  // of a waiting watch
+	epoch      atomic.Uint64 // counts the connection's idle periods
+	stopping   atomic.Bool   // unwatch stops a reading watch
+	watched    chan struct{} // receives once each reading watch has returned
+	peek       [1]byte
+	peekN      int   // what a reading watch read
+	peekErr    error // and the error it returned
 }
 
-// errHeadTooLarge: the upstream's response head exceeds
-// maxResponseHeaderBytes.
-var errHeadTooLarge = fmt.Errorf("response head larger than %d bytes", maxResponseHeaderBytes)
-
-// Read reads from the connection, for br.
+// Read reads from the connection, for br, and follows the response heads.
 func (pc *persistConn) Read(p []byte) (int, error) {
-	if pc.headLeft >= 0 {
-		if pc.headLeft == 0 {
-			return 0, errHeadTooLarge
-		}
-		if int64(len(p)) > pc.headLeft {
-			p = p[:pc.headLeft]
-		}
+	if pc.heads.err != nil {
+		return 0, pc.heads.err
 	}
 	n, err := pc.conn.Read(p)
 	pc.nread += int64(n)
-	if pc.headLeft > 0 {
-		pc.headLeft -= int64(n)
+	if err != nil {
+		pc.readErr = err
+	}
+	if herr := pc.heads.read(p[:n]); herr != nil {
+		return 0, herr
 	}
 	return n, err
 }
@@ -371,28 +409,6 @@ func (pc *persistConn) Write(p []byte) (int, error) {
 // close closes the connection. Its reader is not pooled: a read may still be
 // under way.
 func (pc *persistConn) close() { _ = pc.conn.Close() }
-
-// aLongTimeAgo is a read deadline in the past: the read returns at once.
-var aLongTimeAgo = time.Unix(1, 0)
-
-// open reports whether an idle connection still looks open: a read that
-// may not wait finds nothing. A tunnel stream (and a net.Pipe) report the
-// upstream's close this way, with io.EOF; a TCP connection reports only the
-// deadline, so it always looks open here. It reads the raw connection, so
-// that a TLS connection's state is not touched: any byte read means the
-// connection is unusable anyway.
-func (pc *persistConn) open() bool {
-	if pc.raw.SetReadDeadline(aLongTimeAgo) != nil {
-		return false
-	}
-	var b [1]byte
-	n, err := pc.raw.Read(b[:])
-	var ne net.Error
-	if n > 0 || !errors.As(err, &ne) || !ne.Timeout() {
-		return false
-	}
-	return pc.raw.SetReadDeadline(time.Time{}) == nil
-}
 
 var (
 	readers       = sync.Pool{New: func() any { return bufio.NewReaderSize(nil, bufSize) }}

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"syscall"
 	"time"
+	_ "unsafe" // go:linkname, for resetStream
 
 	"github.com/hashicorp/yamux"
 
@@ -180,15 +181,17 @@ func (e *notAllowedError) Error() string {
 	return fmt.Sprintf("the tunnel client refused to connect to %s: %s", e.addr, e.msg)
 }
 
-// Response implements proxy.ResponseError.
+// Response implements proxy.ResponseError. The caller is not told the
+// address: the log has it.
 func (e *notAllowedError) Response() (int, string, string) {
 	return http.StatusBadGateway, "upstream_not_allowed",
-		fmt.Sprintf("tether: the tunnel client refused to connect to %s: it is not one of its routes", e.addr)
+		"tether: the tunnel client refused to connect to the route's upstream: it is not one of its routes"
 }
 
 // tunnelConn is a dialed upstream connection inside the session. Once the
 // session has ended, its errors say so, so that the router answers "tunnel
-// disconnected" rather than blaming the upstream.
+// disconnected" rather than blaming the upstream. Closing it resets the
+// stream (resetStream).
 type tunnelConn struct {
 	net.Conn
 	stream *yamux.Stream
@@ -204,14 +207,33 @@ type tunnelConn struct {
 // reuse; a larger buffer is given back as the stream goes idle.
 const shrinkAbove = 64 << 10
 
+// Close resets the stream: the router closes a stream when it is done with
+// it, and nothing the upstream sends after that is read.
 func (c *tunnelConn) Close() error {
-	err := c.Conn.Close()
 	c.once.Do(func() {
+		resetStream(c.stream)
 		c.sess.untrack(c.stream)
 		c.sess.dialed.Add(-1)
 	})
-	return err
+	return nil
 }
+
+// resetStream ends a stream at once, as a TCP reset does: the stream stops
+// taking data (frames that still arrive for it are dropped as they come),
+// the session forgets it, and the other end gets a RST, on which the
+// tether client closes its connection to the upstream.
+//
+// Closing the stream instead (a FIN) leaves it taking whatever the upstream
+// still sends, up to the stream's window (6 MiB, tunnel.MuxConfig), until
+// the client closes its end, which it does once the upstream closes: an
+// upstream that keeps writing on a connection the router is done with made
+// the server hold 6 MiB per stream for yamux's five-minute close timeout.
+// hashicorp/yamux v0.1.2 exports no reset; this is its own, the one it
+// applies to a stream whose close goes unanswered (StreamCloseTimeout).
+// TestTunnelConnResets pins what it does.
+//
+//go:linkname resetStream github.com/hashicorp/yamux.(*Stream).closeTimeout
+func resetStream(s *yamux.Stream)
 
 func (c *tunnelConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)

@@ -1,6 +1,7 @@
 package server
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -139,4 +140,40 @@ func TestTunnelConnShrinksALargeReceiveBuffer(t *testing.T) {
 		t.Errorf("Shrink after a %d KiB response freed %d KiB, want the stream's receive buffer (at least %d KiB)", size>>10, freed>>10, size>>11)
 	}
 	runtime.KeepAlive(buf)
+}
+
+// Closing a dialed stream resets it: the server forgets it at once and
+// lets go of what it had buffered, and the client's end fails, so that the
+// client drops its upstream connection. A FIN would leave the stream taking
+// whatever the upstream still sends, up to its 6 MiB window, until the
+// client closed its end, which it does only once the upstream does.
+func TestTunnelConnResets(t *testing.T) {
+	conn, farStream := pipeTunnelConn(t)
+	// The upstream sends more than the router reads; it waits in the stream.
+	const size = 1 << 20
+	if _, err := farStream.Write(make([]byte, size)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := farStream.Session().Ping(); err != nil { // the server took the frames in
+		t.Fatal(err)
+	}
+	held := serverMemory()
+	sess := conn.sess
+	if err := conn.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := conn.Close(); err != nil {
+		t.Errorf("a second close: %v", err)
+	}
+	conn = nil // as the router drops it
+	if n := sess.mux.NumStreams(); n != 0 {
+		t.Errorf("the session has %d streams after the close, want 0: the stream is forgotten at once", n)
+	}
+	if freed := int64(held) - int64(serverMemory()); freed < size/2 { //nolint:gosec // memory sizes fit
+		t.Errorf("the close freed %d KiB, want what the stream held unread (%d KiB)", freed>>10, size>>10)
+	}
+	_ = farStream.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := farStream.Read(make([]byte, 1)); !errors.Is(err, yamux.ErrConnectionReset) {
+		t.Errorf("the client's end reads %v after the close, want %v", err, yamux.ErrConnectionReset)
+	}
 }

@@ -4,16 +4,22 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"net/http/httptrace"
+	"net/textproto"
 	"strconv"
 	"sync"
 	"time"
 
 	v1 "github.com/fatedier/frp/pkg/config/v1"
 	frpserver "github.com/fatedier/frp/server"
+	"go.uber.org/zap"
 
+	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel"
 )
 
@@ -43,6 +49,9 @@ type embeddedFRP struct {
 	vhostAddr string // 127.0.0.1:port of frp's HTTP vhost
 	conns     *tunnel.ConnListener
 	done      chan struct{} // closed when frp stops taking streams
+	// mark is the work connections' guards' mark on the answers they give
+	// in a tenant's place (workguard.go): random, and known only here.
+	mark string
 }
 
 // frpVhostTimeout is frp's own bound on a stock frpc service's response
@@ -86,7 +95,7 @@ func startFRP(domain, pluginAddr, pluginPath string, ops []string, conns *tunnel
 		}
 		f := &embeddedFRP{
 			svc: svc, vhostAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(cfg.VhostHTTPPort)),
-			conns: conns, done: make(chan struct{}),
+			conns: conns, done: make(chan struct{}), mark: randomHex(),
 		}
 		go func() {
 			defer close(f.done)
@@ -146,14 +155,28 @@ func (f *embeddedFRP) Close() {
 // serves it. frp's own bound (frpVhostTimeout) is longer.
 const vhostResponseHeaderTimeout = 60 * time.Second
 
-// vhostTransport returns a new HTTP transport to frp's vhost. Each stock
-// frpc session gets its own, closed when the session ends: a pooled
-// connection to the vhost is never shared by two tunnels, so whatever one
-// tenant's service does to a connection (frp joins a CONNECT raw to the
-// tenant's work connection, and an answer that looks complete would return
-// it to the pool) cannot reach another tenant's requests.
-func vhostTransport() *http.Transport {
-	return &http.Transport{
+// vhostTransport is the transport to frp's vhost of one stock frpc
+// session: each session has its own, closed when the session ends, so that
+// a pooled connection to the vhost is never shared by two tunnels
+// (whatever one tenant's service does to a connection cannot reach another
+// tenant's requests).
+//
+// It reads frp's answers as the router reads a tether client's (the
+// tenant's answer, as frp passed it on): heads bounded by
+// proxy.LimitHeads, and tether's own fields (X-Tether-*) dropped from the
+// head, the 1xx heads and the trailers, except from the 502 a work
+// connection's guard gives in a tenant's place, which bears the guard's
+// mark and becomes tether's upstream_bad_response.
+type vhostTransport struct {
+	*http.Transport // for CloseIdleConnections
+	limited         http.RoundTripper
+	mark            string
+	log             *zap.Logger
+}
+
+// vhostTransport returns a new transport to frp's vhost.
+func (f *embeddedFRP) vhostTransport(log *zap.Logger) *vhostTransport {
+	t := &http.Transport{
 		DialContext:           (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
 		ResponseHeaderTimeout: vhostResponseHeaderTimeout,
 		// A tunnel's idle pool: enough for a busy tunnel's concurrency on
@@ -162,12 +185,55 @@ func vhostTransport() *http.Transport {
 		IdleConnTimeout:     60 * time.Second,
 		DisableCompression:  true,
 	}
+	return &vhostTransport{Transport: t, limited: proxy.LimitHeads(t), mark: f.mark, log: log}
+}
+
+func (t *vhostTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	trace := &httptrace.ClientTrace{Got1xxResponse: func(_ int, h textproto.MIMEHeader) error {
+		proxy.DropTetherFields(h) // before httputil.ReverseProxy's hook passes it on
+		return nil
+	}}
+	res, err := t.limited.RoundTrip(req.WithContext(httptrace.WithClientTrace(req.Context(), trace)))
+	if err != nil {
+		return nil, err
+	}
+	refused := guarded(res.Header, t.mark)
+	res.Header.Del(guardHeader)
+	proxy.DropTetherFields(res.Header)
+	if refused {
+		res.Header.Set(proxy.ErrorHeader, proxy.CodeUpstreamBadResponse)
+		t.log.Warn("a stock frpc's answer refused: its head is beyond the bounds or not HTTP/1.1",
+			zap.String("host", req.Host), zap.String("code", proxy.CodeUpstreamBadResponse))
+	}
+	proxy.DropTetherFields(res.Trailer) // the announced ones
+	if res.StatusCode != http.StatusSwitchingProtocols && res.Body != http.NoBody {
+		res.Body = &trailerScrubber{ReadCloser: res.Body, res: res}
+	}
+	return res, nil
+}
+
+// trailerScrubber drops tether's own fields from the trailers of res once
+// its body has ended, when net/http has filled them in.
+type trailerScrubber struct {
+	io.ReadCloser
+	res *http.Response
+}
+
+func (b *trailerScrubber) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if errors.Is(err, io.EOF) {
+		proxy.DropTetherFields(b.res.Trailer)
+	}
+	return n, err
+}
+
+// randomHex returns 128 random bits as hex.
+func randomHex() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
 }
 
 // randomPath returns an unguessable URL path for the in-process auth plugin,
 // so that no other local process can feed it requests.
-func randomPath() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return "/tether-auth/" + hex.EncodeToString(b)
-}
+func randomPath() string { return "/tether-auth/" + randomHex() }

@@ -392,7 +392,7 @@ func (s *serving) admitStream(sess *Session, stream net.Conn) {
 			s.refuse(sess, stream, "foreign_work_conn", "work connection refused", zap.Error(err))
 			return
 		}
-		s.toFRP(sess, op, stream)
+		s.toFRP(sess, op, s.frp.guardWork(stream, op))
 	default:
 		s.refuse(sess, stream, "message_type", "stream refused", zap.String("message", fmt.Sprintf("%T", m)))
 	}

@@ -210,7 +210,7 @@ func (h routerHandler) CloseIdle() { h.Close() }
 // vhostHandler forwards to frp's HTTP vhost, for a stock frpc's session.
 type vhostHandler struct {
 	*httputil.ReverseProxy
-	transport *http.Transport
+	transport *vhostTransport
 }
 
 func (h vhostHandler) CloseIdle() { h.transport.CloseIdleConnections() }
@@ -222,7 +222,7 @@ func (h vhostHandler) CloseIdle() { h.transport.CloseIdleConnections() }
 // complete would return it to a shared pool, with the tenant on the other
 // end).
 func (s *serving) vhostProxy() vhostHandler {
-	transport := vhostTransport()
+	transport := s.frp.vhostTransport(s.floodLog)
 	return vhostHandler{transport: transport, ReverseProxy: &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
@@ -239,6 +239,11 @@ func (s *serving) vhostProxy() vhostHandler {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the caller went away; nobody reads an answer
+			}
+			if errors.Is(err, proxy.ErrBadResponse) {
+				s.floodLog.Warn("a stock frpc's answer refused", zap.String("host", r.Host), zap.Error(err))
+				proxy.WriteError(w, http.StatusBadGateway, proxy.CodeUpstreamBadResponse, proxy.BadResponseMessage("the tunnel's service", err))
+				return
 			}
 			var te interface{ Timeout() bool }
 			var op *net.OpError
