@@ -85,7 +85,7 @@ fuzz: ## run each fuzz target for FUZZTIME (default 10s)
 	$(GO) test -run '^$$' -fuzz '^FuzzUpstreamAnswer$$' -fuzztime $(FUZZTIME) -fuzzminimizetime 10s ./proxy/
 	$(GO) test -run '^$$' -fuzz '^FuzzDialRequest$$' -fuzztime $(FUZZTIME) ./tunnel/
 	$(GO) test -run '^$$' -fuzz '^FuzzDialReply$$' -fuzztime $(FUZZTIME) ./tunnel/
-	$(GO) test -run '^$$' -fuzz '^FuzzReadOpening$$' -fuzztime $(FUZZTIME) ./tunnel/server/
+	$(GO) test -run '^$$' -fuzz '^FuzzReadOpening$$' -fuzztime $(FUZZTIME) ./tunnel/server/gate/
 	$(GO) test -run '^$$' -fuzz '^FuzzHeadLines$$' -fuzztime $(FUZZTIME) ./tunnel/server/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodePayload$$' -fuzztime $(FUZZTIME) ./tunnel/server/buffer/
 

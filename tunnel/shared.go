@@ -24,6 +24,11 @@ const ProbeMetaKey = "tether_probe"
 // big-endian int64 length, then the JSON the length counts.
 const MessageHeaderSize = 1 + 8
 
+// FrameHeaderSize is frp's v2 framing (pkg/proto/wire) of a frame: a
+// big-endian uint16 type, uint16 flags and uint32 length, then the payload
+// the length counts.
+const FrameHeaderSize = 2 + 2 + 4
+
 // MaxMessageSize is the longest frp v1 message frp reads, without its
 // header (golib msg/json's maxMsgLength). A login is one: the server refuses
 // a longer first message before frp sees it.

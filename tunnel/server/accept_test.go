@@ -26,14 +26,14 @@ func TestAcceptLoopParksAfterLogin(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(lg.Close)
-	sess := s.waitSessions(t, loadTunnel(0), 1)[0]
+	sess := s.waitSessions(t, loadTunnel(0), 1)[0].sess
 	wait.WaitFor(t, 5*time.Second, func() error {
-		if n := goroutinesIn("(*serving).acceptStreams"); n > 0 {
+		if n := goroutinesIn("gate.(*Gate).acceptStreams"); n > 0 {
 			return fmt.Errorf("%d accept loops are running", n)
 		}
 		return nil
 	})
-	if !sess.alive() {
+	if !sess.Alive() {
 		t.Fatalf("the session closed: %s", sess.CloseReason())
 	}
 
@@ -45,7 +45,7 @@ func TestAcceptLoopParksAfterLogin(t *testing.T) {
 	// what the server made of it.
 	_, _ = stream.Write([]byte("no frp message\n"))
 	wait.WaitFor(t, 5*time.Second, func() error {
-		if sess.alive() {
+		if sess.Alive() {
 			return errors.New("the session is still open")
 		}
 		return nil
@@ -57,7 +57,7 @@ func TestAcceptLoopParksAfterLogin(t *testing.T) {
 		t.Errorf("tether_streams_refused_total{reason=too_large} = %v, want 1", got)
 	}
 	wait.WaitFor(t, 5*time.Second, func() error {
-		if n := len(s.sessions.all()); n > 0 {
+		if n := len(s.gate.Sessions()); n > 0 {
 			return fmt.Errorf("%d sessions are left", n)
 		}
 		return nil

@@ -24,7 +24,7 @@ import (
 // When an admin token is configured, every endpoint but the probes
 // (/healthz, /readyz) requires it: /metrics names every tunnel and its
 // traffic, which one tenant must not learn about another.
-func (s *Server) adminHandler() http.Handler {
+func (s *serving) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, http.StatusOK, "ok")
@@ -48,11 +48,11 @@ func (s *Server) adminHandler() http.Handler {
 	return mux
 }
 
-func (s *Server) listTunnels(w http.ResponseWriter, _ *http.Request) {
+func (s *serving) listTunnels(w http.ResponseWriter, _ *http.Request) {
 	sessions := s.sessions.list()
 	list := make([]Info, 0, len(sessions))
-	for _, sess := range sessions {
-		info := sess.Info()
+	for _, m := range sessions {
+		info := m.info()
 		info.Replica = s.cfg.ReplicaID
 		list = append(list, info)
 	}

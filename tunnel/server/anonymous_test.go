@@ -1,172 +1,23 @@
 package server
 
 import (
-	"errors"
-	"net"
-	"net/netip"
-	"strconv"
-	"syscall"
 	"testing"
 	"time"
+
+	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/tunnel/server/gate"
 )
 
-// fakeConn is a connection from addr, for anonymousSlots' bookkeeping; it
-// is never read or written.
-type fakeConn struct {
-	net.Conn
-	addr net.Addr
-}
-
-func (c fakeConn) RemoteAddr() net.Addr { return c.addr }
-
-func connFrom(addr string) net.Conn {
-	return fakeConn{addr: net.TCPAddrFromAddrPort(netip.AddrPortFrom(netip.MustParseAddr(addr), 40000))}
-}
-
-// waitedSince sets how long the server has been waiting for the client of
-// slot (0: it is the server's turn).
-func waitedSince(slot *anonymousSlot, now time.Time, d time.Duration) {
-	if d == 0 {
-		slot.waitingSince.Store(0)
-		return
-	}
-	slot.waitingSince.Store(now.Add(-d).UnixNano())
-}
-
-// At the cap, the connection evicted is the one that has kept the server
-// waiting longest, and at least the evictable silence: never one whose
-// login is being verified, or that the server has not waited on; and only
-// from an address that holds at least two more than the newcomer's. A
-// connection from an address that is not known takes only an unknown
-// one's place, within the three quarters of the slots unknown addresses
-// may hold; a known address's may take the reserved quarter, and evicts a
-// known one only when no unknown one can go. An address stays known for
-// knownClientFor after its last session.
-func TestAnonymousEvictionOrder(t *testing.T) {
-	now := time.Now()
-	a := newAnonymousSlots(8, 64) // 2 reserved, 6 for unknown addresses
-	take := func(addr string) (*anonymousSlot, *anonymousSlot, string) {
-		t.Helper()
-		return a.acquire(connFrom(addr), now)
-	}
-	var held []*anonymousSlot
-	for _, addr := range []string{"192.0.2.1", "192.0.2.1", "192.0.2.1", "192.0.2.1", "203.0.113.1", "203.0.113.1"} {
-		s, victim, refused := take(addr)
-		if s == nil || victim != nil {
-			t.Fatalf("slot %d: evicted %v, refused %q; want a free slot", len(held), victim != nil, refused)
-		}
-		held = append(held, s)
-	}
-	x1, x2, x3, x4, y1 := held[0], held[1], held[2], held[3], held[4]
-	waitedSince(x1, now, 5*time.Second)
-	waitedSince(x2, now, 10*time.Second)
-	waitedSince(y1, now, time.Minute)
-
-	_, victim, _ := take("198.51.100.1")
-	if victim != y1 {
-		t.Fatalf("evicted %+v, want the connection waited on for a minute", victim)
-	}
-	if y1.i != -1 || a.count() != 6 {
-		t.Fatalf("the evicted slot is still held (index %d), %d slots taken; want it given back and 6", y1.i, a.count())
-	}
-	if _, victim, _ := take("198.51.100.1"); victim != x2 {
-		t.Fatalf("a second connection from the newcomer's address evicted %+v, want the stalest of the address holding 4", victim)
-	}
-
-	// 192.0.2.1 holds 3 and 198.51.100.1 2: no eviction between them.
-	x1.loggingIn.Store(true)
-	waitedSince(x3, now, time.Minute)
-	if s, victim, refused := take("198.51.100.1"); s != nil || victim != nil || refused != refusedAnonymous {
-		t.Fatalf("from an address holding 2, with the stale one's holding 3: slot %v, evicted %v, refused %q; want refused %q",
-			s != nil, victim != nil, refused, refusedAnonymous)
-	}
-	waitedSince(x3, now, evictableSilence/2)
-	if s, victim, refused := take("198.51.100.99"); s != nil || victim != nil || refused != refusedAnonymous {
-		t.Fatalf("with a login being verified, a connection silent for %v, and ones the server does not wait on: slot %v, evicted %v, refused %q; want refused %q",
-			evictableSilence/2, s != nil, victim != nil, refused, refusedAnonymous)
-	}
-
-	// A known address has the reserved slots, then evicts unknown ones.
-	known := func(addr string) string {
-		a.clientIn(addressKey(netip.MustParseAddr(addr)), now)
-		return addr
-	}
-	k := known("192.0.2.200")
-	k1, victim, _ := take(k)
-	k2, victim2, _ := take(k)
-	if k1 == nil || k2 == nil || victim != nil || victim2 != nil {
-		t.Fatalf("a known address with the reserved slots free: slots %v %v, evicted %v %v; want the reserved slots", k1 != nil, k2 != nil, victim != nil, victim2 != nil)
-	}
-	waitedSince(x3, now, 3*time.Second)
-	if _, victim, _ := take(known("192.0.2.201")); victim != x3 {
-		t.Fatalf("a known address at the cap: evicted %+v, want the stalest unknown connection", victim)
-	}
-	waitedSince(k1, now, time.Minute)
-	if _, victim, _ := take(known("192.0.2.202")); victim != k1 {
-		t.Fatalf("a known address at the cap, no unknown connection to evict: evicted %+v, want the stalest known one", victim)
-	}
-	_ = x4
-
-	// Known for an hour after its last session ends.
-	ip := addressKey(netip.MustParseAddr(k))
-	a.clientOut(ip, now)
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if !a.isKnown(ip, now.Add(knownClientFor-time.Minute)) || a.isKnown(ip, now.Add(knownClientFor+time.Minute)) {
-		t.Errorf("known %v just before knownClientFor and %v just after; want true and false",
-			a.isKnown(ip, now.Add(knownClientFor-time.Minute)), a.isKnown(ip, now.Add(knownClientFor+time.Minute)))
-	}
-}
-
-// Connections that have not logged in are capped per IPv4 /24 (and IPv6
-// /48) at four times the per-address cap: a block of addresses cannot take
-// the whole server.
-func TestAnonymousPerSubnetCap(t *testing.T) {
-	const perIP = 2
-	s := startServer(t, func(c *Config) { c.MaxAnonymousPerIP = perIP })
-	s.evictAfter(time.Hour)
-	for host := 1; host <= subnetShare; host++ {
-		for range perIP {
-			dialTCPFrom(t, s.tunnel, "127.3.3."+strconv.Itoa(host))
-		}
-	}
-	s.waitAnonymous(t, subnetShare*perIP)
-	if err := closedByServer(dialRefusable(t, s.tunnel, "127.3.3.200"), 5*time.Second); err != nil {
-		t.Errorf("a connection from a fifth address of the /24: %v; want it closed at once", err)
-	}
-	if got := s.refusedConns(refusedAnonymousPerSubnet); got != 1 {
-		t.Errorf("tether_connections_refused_total{reason=anonymous_per_subnet} = %v, want 1", got)
-	}
-	dialTCPFrom(t, s.tunnel, "127.3.4.1") // another /24
-	s.waitAnonymous(t, subnetShare*perIP+1)
-}
-
-// dialRefusable is dialTCPFrom for a connection the server may reset
-// before the dial returns: then nil.
-func dialRefusable(t testing.TB, addr, src string) net.Conn {
-	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
-	conn, err := d.DialContext(t.Context(), "tcp", addr)
-	if errors.Is(err, syscall.ECONNRESET) {
-		return nil
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
-}
-
-// A connection that sends nothing is closed after firstByteTimeout, not
+// A connection that sends nothing is closed after its first byte's timeout, not
 // the handshake's longer timeout, and counted.
 func TestFirstByteDeadline(t *testing.T) {
 	s := startServer(t)
-	c := dialTCPFrom(t, s.tunnel, "127.0.0.1")
+	c := testutil.DialFrom(t, s.tunnel, "127.0.0.1")
 	start := time.Now()
-	if err := closedByServer(c, handshakeTimeout+5*time.Second); err != nil {
+	if err := testutil.ClosedByServer(c, gate.HandshakeTimeout+5*time.Second); err != nil {
 		t.Fatalf("a connection that sends nothing: %v; want it closed", err)
 	}
 	took := time.Since(start)
-	waitCount(t, "connections closed for want of a first byte", func() int { return int(s.limited(limitFirstByte)) }, 1)
+	waitCount(t, "connections closed for want of a first byte", func() int { return int(s.limited(gate.LimitFirstByte)) }, 1)
 	t.Logf("closed %v after connecting", took.Round(time.Millisecond))
 }

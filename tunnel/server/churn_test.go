@@ -51,7 +51,7 @@ func TestSessionChurn(t *testing.T) {
 		})
 		lg.Close()
 		testutil.WaitFor(t, 30*time.Second, func() error {
-			if n := len(s.sessions.all()); n > 0 {
+			if n := len(s.gate.Sessions()); n > 0 {
 				return fmt.Errorf("the server still has %d sessions", n)
 			}
 			return nil
@@ -96,9 +96,9 @@ var sessionMarks = []string{
 	"hashicorp/yamux.(*Session)",
 	"frp/server.(*Control)",
 	"frp/pkg/msg.(*Dispatcher)",
-	"tunnel/server.(*serving).serveTunnelConn",
-	"tunnel/server.(*serving).admitStream",
-	"tunnel/server.(*serving).heartbeatPing",
+	"tunnel/server/gate.(*Gate).serveConn",
+	"tunnel/server/gate.(*Gate).admitStream",
+	"tunnel/server/gate.(*Gate).heartbeatPing",
 	"tunnel/server.(*loadSession)",
 }
 

@@ -79,19 +79,20 @@ func cutUnderResponse(t *testing.T, s *testServer, pad, part string, length int)
 	}))
 	r := newRelay(t, s.tunnel)
 	s.runClient(t, "alpha", r.addr(), 1, be.URL)
-	sess := s.waitSessions(t, "alpha", 1)[0]
+	sess := s.waitSessions(t, "alpha", 1)[0].sess
 
 	conn, err := net.Dial("tcp", strings.TrimPrefix(s.entry, "http://"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	before := sess.conn.read.Load()
+	before, _ := sess.Traffic()
 	if _, err := fmt.Fprintf(conn, "GET /cut HTTP/1.1\r\nHost: alpha.%s\r\n\r\n", testDomain); err != nil {
 		t.Fatal(err)
 	}
 	<-sent
 	testutil.WaitFor(t, 10*time.Second, func() error {
-		if got, want := sess.conn.read.Load()-before, uint64(len(pad)+len(part)); got < want {
+		in, _ := sess.Traffic()
+		if got, want := in-before, uint64(len(pad)+len(part)); got < want {
 			return fmt.Errorf("the server read %d bytes of the session since the request, want %d", got, want)
 		}
 		return nil

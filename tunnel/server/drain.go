@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"sync"
 	"time"
@@ -10,6 +9,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tether-dev/tether/tunnel"
+	"github.com/tether-dev/tether/tunnel/server/gate"
 )
 
 // How a draining replica lets its clients move.
@@ -25,7 +25,8 @@ const (
 // drain shuts the server down without losing a request.
 //
 // Readiness fails at once, so that load balancers stop sending, and no new
-// tunnel client is accepted. With replicas to move to (a shared registry),
+// tunnel client is accepted (the gate's Serve has ended with the same
+// context). With replicas to move to (a shared registry),
 // every tether client is told to move (a move notice): it opens a
 // replacement session, which lands on another replica, and keeps the old one
 // meanwhile. A tunnel served elsewhere is retired here: released in the
@@ -36,9 +37,8 @@ const (
 // Then in-flight requests, forwarded ones included, get what is left of
 // ShutdownTimeout to finish (connections that never sent a request close at
 // once), and the sessions that remain close.
-func (s *serving) drain(tunnelLn net.Listener, entrySrv, peerSrv *http.Server) {
+func (s *serving) drain(entrySrv, peerSrv *http.Server) {
 	s.draining.Store(true)
-	_ = tunnelLn.Close()
 	deadline := time.Now().Add(s.cfg.ShutdownTimeout)
 	s.log.Info("draining", zap.Duration("timeout", s.cfg.ShutdownTimeout), zap.Int("sessions", len(s.sessions.list())))
 	if s.registry.Status().Backend != "memory" { // there may be replicas to move to
@@ -59,11 +59,8 @@ func (s *serving) drain(tunnelLn net.Listener, entrySrv, peerSrv *http.Server) {
 		})
 	}
 	s.closeUnusedWhile(&wg)
-	for _, sess := range s.sessions.all() {
-		sess.Close("server shutting down")
-	}
-	s.conns.Wait()
-	s.notices.Wait()
+	s.gate.CloseAll("server shutting down")
+	s.gate.Wait()
 }
 
 // closeUnusedWhile closes the HTTP connections that never sent a byte until
@@ -92,9 +89,9 @@ func (s *serving) closeUnusedWhile(shutdowns *sync.WaitGroup) {
 // sessions that cannot move are, or at half the time to deadline: the
 // other half is for in-flight requests.
 func (s *serving) moveClients(deadline time.Time) {
-	for _, sess := range s.sessions.list() {
-		if !sess.stock() {
-			s.notify(sess, tunnel.NoticeMove)
+	for _, m := range s.sessions.list() {
+		if !m.sess.Stock() {
+			m.sess.Notify(tunnel.Notice{Kind: tunnel.NoticeMove, Replica: s.cfg.ReplicaID})
 		}
 	}
 	giveUp := time.Now().Add(time.Until(deadline) / 2)
@@ -119,11 +116,11 @@ func (s *serving) moveClients(deadline time.Time) {
 				continue
 			}
 			for _, sess := range sessions {
-				if time.Since(at) >= retireGrace && idle(sess) {
+				if time.Since(at) >= retireGrace && sess.Idle() {
 					sess.Close("moved to another replica")
 					continue
 				}
-				sess.closeIdle()
+				s.sessions.closeIdle(sess)
 				waiting = true
 			}
 		}
@@ -134,16 +131,9 @@ func (s *serving) moveClients(deadline time.Time) {
 	}
 }
 
-// idle reports whether no request is in flight on a session: no stream the
-// server dialed through it (a tether client), no frp work connection (a
-// stock frpc: its control stream is its one stream then).
-func idle(sess *Session) bool {
-	return sess.dialed.Load() == 0 && sess.clientStreams.Load() <= 1
-}
-
-func allStock(sessions []*Session) bool {
+func allStock(sessions []*gate.Session) bool {
 	for _, s := range sessions {
-		if !s.stock() {
+		if !s.Stock() {
 			return false
 		}
 	}

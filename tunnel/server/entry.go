@@ -18,6 +18,7 @@ import (
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel/server/gate"
 	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
@@ -73,18 +74,18 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 	}
 	defer s.inflight.release(slot)
 	body := guardBody(r)
-	var tried []*Session
+	var tried []*member
 	var passed []string // holders a forward passed over: unreachable, or no longer serving
 	unreached := false  // one of them could not be connected to
 	waited := false
 	for {
 		holders := without(s.registry.Holders(name), passed)
 		// A session a drain retired still serves when nothing else can.
-		if sess := s.sessions.pick(name, fromPeer || len(holders) == 0, tried); sess != nil {
-			if s.serveBy(sess, w, r, body) {
+		if m := s.sessions.pick(name, fromPeer || len(holders) == 0, tried); m != nil {
+			if s.serveBy(m, w, r, body) {
 				return
 			}
-			tried = append(tried, sess)
+			tried = append(tried, m)
 			continue
 		}
 		if !fromPeer && len(holders) > 0 {
@@ -160,12 +161,12 @@ func without(holders []registry.Holder, passed []string) []registry.Holder {
 // failed under the request), 503 when none serves the tunnel any more. A
 // request that came as a client died, to a session that died with it, is
 // answered as one that came just after: the tunnel is down.
-func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name string, tried []*Session, fromPeer bool) {
-	if slices.ContainsFunc(tried, (*Session).alive) {
+func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name string, tried []*member, fromPeer bool) {
+	if slices.ContainsFunc(tried, func(m *member) bool { return m.sess.Alive() }) {
 		s.metrics.unrouted.WithLabelValues("tunnel_disconnected").Inc()
-		tried[0].logger().Warn("request not delivered: every session of the tunnel failed under it",
+		tried[0].sess.Logger().Warn("request not delivered: every session of the tunnel failed under it",
 			zap.Int("sessions_tried", len(tried)), zap.String("method", r.Method), zap.String("path", r.URL.Path))
-		status, code, msg := (&tunnelClosedError{tunnel: name}).Response()
+		status, code, msg := (&gate.ClosedError{Tunnel: name}).Response()
 		proxy.WriteError(w, status, code, msg)
 		return
 	}
@@ -181,26 +182,26 @@ func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name st
 // serveBy serves the request through sess and reports whether it is done:
 // false when the session failed before any of the request reached it, so
 // that another session may take it.
-func (s *serving) serveBy(sess *Session, w *proxy.StatusWriter, r *http.Request, body *guardedBody) bool {
-	h, ok := sess.serving()
+func (s *serving) serveBy(m *member, w *proxy.StatusWriter, r *http.Request, body *guardedBody) bool {
+	h, ok := m.serving()
 	if !ok {
 		return false
 	}
 	h.ServeHTTP(w, r)
 	if w.Status() == 0 && r.Context().Err() == nil {
 		// The router left the request to us (proxy.Options.Reroute).
-		return body.started() && s.answerUndelivered(sess, w)
+		return body.started() && s.answerUndelivered(m, w)
 	}
-	sess.countRequest(w.Status())
+	m.countRequest(w.Status())
 	return true
 }
 
 // answerUndelivered answers a request whose session failed after part of
 // its body was read: it cannot go elsewhere.
-func (s *serving) answerUndelivered(sess *Session, w http.ResponseWriter) bool {
-	sess.countRequest(0)
+func (s *serving) answerUndelivered(m *member, w http.ResponseWriter) bool {
+	m.countRequest(0)
 	s.metrics.unrouted.WithLabelValues("tunnel_disconnected").Inc()
-	status, code, msg := (&tunnelClosedError{tunnel: sess.Tunnel()}).Response()
+	status, code, msg := (&gate.ClosedError{Tunnel: m.sess.Tunnel()}).Response()
 	proxy.WriteError(w, status, code, msg)
 	return true
 }

@@ -2,9 +2,11 @@ package server
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"net/netip"
 	"strings"
 	"testing"
@@ -15,6 +17,8 @@ import (
 	"go.uber.org/zap/zapcore"
 	"go.uber.org/zap/zaptest"
 	"go.uber.org/zap/zaptest/observer"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 func TestTunnelName(t *testing.T) {
@@ -347,5 +351,44 @@ func TestTunnelBusy(t *testing.T) {
 	defer s.inflight.mu.Unlock()
 	if len(s.inflight.tunnels) != 0 || len(s.inflight.callers) != 0 {
 		t.Errorf("requests in flight after all ended: %v %v, want none", s.inflight.tunnels, s.inflight.callers)
+	}
+}
+
+// A request that no session could take, none of which received any of it,
+// is answered by whether the tunnel is still connected: 503 tunnel_down
+// when the sessions it tried have all ended (it came as the client died,
+// and is answered as one that came just after), 502 tunnel_disconnected
+// while one of them is still connected.
+func TestUnservedAnswerFollowsTheTriedSessions(t *testing.T) {
+	s := startServer(t)
+	s.runClient(t, "alpha", s.tunnel, 1, backend(t, "alpha").URL)
+	connected := s.waitSessions(t, "alpha", 1)[0]
+	stop := s.runClient(t, "beta", s.tunnel, 1, backend(t, "beta").URL)
+	ended := s.waitSessions(t, "beta", 1)[0]
+	stop()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if ended.sess.Alive() {
+			return errors.New("the stopped client's session is still open")
+		}
+		return nil
+	})
+	for _, tc := range []struct {
+		name   string
+		tried  []*member
+		status int
+		code   string
+	}{
+		{"no session tried", nil, http.StatusServiceUnavailable, "tunnel_down"},
+		{"its session ended under it", []*member{ended}, http.StatusServiceUnavailable, "tunnel_down"},
+		{"a connected session failed under it", []*member{ended, connected}, http.StatusBadGateway, "tunnel_disconnected"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rec := httptest.NewRecorder()
+			req := httptest.NewRequest(http.MethodGet, "http://alpha."+testDomain+"/", nil)
+			s.answerUnserved(rec, req, "alpha", tc.tried, false)
+			if rec.Code != tc.status || rec.Header().Get("X-Tether-Error") != tc.code {
+				t.Errorf("answer %d %q (%s), want %d %s", rec.Code, rec.Header().Get("X-Tether-Error"), rec.Body, tc.status, tc.code)
+			}
+		})
 	}
 }

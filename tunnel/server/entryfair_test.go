@@ -13,6 +13,8 @@ import (
 	"time"
 
 	promtest "github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/tether-dev/tether/internal/testutil"
 )
 
 // keptConn is a connection to the public entry that the test sends
@@ -93,7 +95,7 @@ func TestEntryEvictsTheLongestIdle(t *testing.T) {
 	if code, err := newcomer.get("alpha", "/new"); err != nil || code != http.StatusOK {
 		t.Fatalf("a connection beyond the cap: %d %v; want it served", code, err)
 	}
-	if err := closedByServer(idle[0], 5*time.Second); err != nil {
+	if err := testutil.ClosedByServer(idle[0], 5*time.Second); err != nil {
 		t.Errorf("the connection idle longest: %v; want it closed", err)
 	}
 	for i, k := range idle[1:] {
@@ -114,7 +116,7 @@ func TestEntryEvictsTheLongestIdle(t *testing.T) {
 	}
 	s.waitEntryConns(t, limit)
 	waitCount(t, "entry connections waiting for a request", s.entryConns.waitingCount, 0)
-	if err := closedByServer(dialEntry(t, s), 5*time.Second); err != nil {
+	if err := testutil.ClosedByServer(dialEntry(t, s), 5*time.Second); err != nil {
 		t.Errorf("a connection beyond the cap, none idle: %v; want it closed at once", err)
 	}
 	if got := s.refusedConns(entryCapLabels.refused); got != 1 {
@@ -142,7 +144,7 @@ func TestEntryPerAddressCap(t *testing.T) {
 	}
 	s.waitEntryConns(t, perIP)
 	waitCount(t, "entry connections waiting for a request", s.entryConns.waitingCount, 0)
-	if err := closedByServer(dialEntryFrom(t, s, "127.0.0.2"), 5*time.Second); err != nil {
+	if err := testutil.ClosedByServer(dialEntryFrom(t, s, "127.0.0.2"), 5*time.Second); err != nil {
 		t.Errorf("a connection beyond the address's cap: %v; want it closed at once", err)
 	}
 	if got := s.refusedConns(entryCapLabels.refusedPerIP); got != 1 {
@@ -164,7 +166,7 @@ func TestEntryPerAddressCap(t *testing.T) {
 	if code, err := keepConn(t, s, "127.0.0.2").get("alpha", "/"); err != nil || code != http.StatusOK {
 		t.Errorf("a connection beyond the address's cap, with one of its own idle: %d %v; want it served", code, err)
 	}
-	if err := closedByServer(idle[0], 5*time.Second); err != nil {
+	if err := testutil.ClosedByServer(idle[0], 5*time.Second); err != nil {
 		t.Errorf("the address's connection idle longest: %v; want it closed", err)
 	}
 	if got := s.refusedConns(entryCapLabels.evictedPerIP); got != 1 {
@@ -498,7 +500,7 @@ func TestAmbiguousLengthRefused(t *testing.T) {
 		if res.Header.Get("X-Tether-Error") != "bad_request" || !strings.Contains(string(b), "Content-Length and Transfer-Encoding") {
 			t.Errorf("%s: %q (%s); want bad_request naming both headers", tc.name, b, res.Header.Get("X-Tether-Error"))
 		}
-		if err := closedByServer(c, 5*time.Second); err != nil {
+		if err := testutil.ClosedByServer(c, 5*time.Second); err != nil {
 			t.Errorf("%s: after the 400: %v; want the connection closed", tc.name, err)
 		}
 	}
@@ -570,7 +572,7 @@ func BenchmarkRequestSlot(b *testing.B) {
 	slots := newConnSlots(1<<20, 1<<20, nil)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
-		conn, _, _ := slots.admit(connFrom("192.0.2.7"), maxEntryHeadLines)
+		conn, _, _ := slots.admit(testutil.ConnFrom("192.0.2.7"), maxEntryHeadLines)
 		r := &http.Request{RemoteAddr: "192.0.2.7:4711", Header: http.Header{
 			"X-Forwarded-For": {"192.0.2.7"}, "Accept": {"*/*"}, "User-Agent": {"bench"},
 		}}

@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"go.uber.org/zap"
+
+	"github.com/tether-dev/tether/internal/source"
 )
 
 // The public entry's limits: what callers of --http-addr, who need no token,
@@ -61,7 +63,7 @@ const (
 const entryConnMemory = 96 << 10
 
 // The public entry's per-address cap. An address is IPv4, or an IPv6 /64
-// (sourceKey); --trusted-proxies are not counted, since an ingress in
+// (source.Key); --trusted-proxies are not counted, since an ingress in
 // front carries every caller's connections.
 //
 // defaultMaxHTTPConnectionsPerIP is an eighth of defaultMaxHTTPConnections:
@@ -148,12 +150,12 @@ func (c *connSlots) count() int { return int(c.open.Load()) }
 // address at the per-address cap, of any at the listener's: evicted, with
 // its slot given back, which the caller closes.
 func (c *connSlots) admit(conn net.Conn, maxLines int) (admitted, evicted *cappedConn, ev capEvent) {
-	ip := addrOf(conn.RemoteAddr())
+	ip := source.Addr(conn.RemoteAddr())
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var src *sourceConns
 	if c.perIP > 0 && (c.exempt == nil || !c.exempt(ip)) {
-		key := addressKey(ip)
+		key := source.Key(ip)
 		if src = c.byIP[key]; src == nil {
 			src = &sourceConns{}
 			c.byIP[key] = src
@@ -169,14 +171,14 @@ func (c *connSlots) admit(conn net.Conn, maxLines int) (admitted, evicted *cappe
 	if evicted == nil && c.open.Load() >= c.max {
 		if evicted = c.waiting.front(); evicted == nil {
 			if src != nil && src.open == 0 {
-				delete(c.byIP, addressKey(ip))
+				delete(c.byIP, source.Key(ip))
 			}
 			return nil, nil, capRefused
 		}
 		ev = capEvicted
 		c.releaseLocked(evicted)
 	}
-	admitted = &cappedConn{Conn: conn, slots: c, src: src, ip: addressKey(ip), head: headLines{max: maxLines}}
+	admitted = &cappedConn{Conn: conn, slots: c, src: src, ip: source.Key(ip), head: headLines{max: maxLines}}
 	c.open.Add(1)
 	if src != nil {
 		src.open++
@@ -326,7 +328,7 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 		c, evicted, ev := l.slots.admit(conn, l.maxLines)
 		if c == nil {
 			l.report(conn, ev) // counted before the caller sees it
-			resetConn(conn)
+			source.Refuse(conn)
 			continue
 		}
 		if evicted != nil {
@@ -541,15 +543,6 @@ func (h *headLines) header(n int) {
 	case len(name) >= len(transferEncodingPrefix) && bytes.EqualFold(name, []byte(transferEncodingPrefix)):
 		h.transferEncoding = true
 	}
-}
-
-// resetConn closes a connection with a reset, so that a refused connection
-// leaves no socket in TIME_WAIT.
-func resetConn(conn net.Conn) {
-	if tc, ok := conn.(*net.TCPConn); ok {
-		_ = tc.SetLinger(0)
-	}
-	_ = conn.Close()
 }
 
 // capReporter counts and logs (sampled) what listener's cappedListener

@@ -3,15 +3,12 @@ package server
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -26,27 +23,7 @@ func dialEntry(t testing.TB, s *testServer) net.Conn { return dialEntryFrom(t, s
 // dialEntryFrom is dialEntry from the local address src.
 func dialEntryFrom(t testing.TB, s *testServer, src string) net.Conn {
 	t.Helper()
-	return dialRefusable(t, strings.TrimPrefix(s.entry, "http://"), src)
-}
-
-// closedByServer reports whether the server closed c (or reset it) within
-// d, without sending anything; a nil c was reset as it was dialed.
-func closedByServer(c net.Conn, d time.Duration) error {
-	if c == nil {
-		return nil
-	}
-	_ = c.SetReadDeadline(time.Now().Add(d))
-	n, err := c.Read(make([]byte, 1))
-	switch {
-	case n > 0:
-		return errors.New("the server sent data")
-	case errors.Is(err, os.ErrDeadlineExceeded):
-		return fmt.Errorf("still open after %v", d)
-	case errors.Is(err, io.EOF), errors.Is(err, syscall.ECONNRESET):
-		return nil
-	default:
-		return err
-	}
+	return wait.DialRefusable(t, strings.TrimPrefix(s.entry, "http://"), src)
 }
 
 // waitingCount is the number of connections waiting for a request.
@@ -91,7 +68,7 @@ func TestEntryConnectionCap(t *testing.T) {
 	waitCount(t, "entry connections waiting for a request", s.entryConns.waitingCount, 0)
 
 	refused := s.refusedConns(entryCapLabels.refused)
-	if err := closedByServer(dialEntry(t, s), 5*time.Second); err != nil {
+	if err := wait.ClosedByServer(dialEntry(t, s), 5*time.Second); err != nil {
 		t.Errorf("a connection beyond --max-http-connections: %v; want it closed at once", err)
 	}
 	if got := s.refusedConns(entryCapLabels.refused) - refused; got != 1 {
@@ -339,7 +316,7 @@ func TestDrainClosesUnusedConnections(t *testing.T) {
 
 	stopped := make(chan struct{})
 	go func() { s.stop(); close(stopped) }()
-	if err := closedByServer(unused, 3*time.Second); err != nil {
+	if err := wait.ClosedByServer(unused, 3*time.Second); err != nil {
 		t.Errorf("a connection that never sent a byte, during the drain: %v; want it closed at once", err)
 	}
 	select {

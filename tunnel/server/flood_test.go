@@ -15,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	wait "github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/tunnel/server/gate"
 )
 
 // The floods run in a child process (this test binary, told by floodEnv
@@ -138,7 +139,7 @@ func sources(n int) []string {
 	return s
 }
 
-// A flood of anonymous connections holds at most anonymousConnMemory per
+// A flood of anonymous connections holds at most gate.AnonymousConnMemory per
 // connection the caps admit, whatever it does; what breaks a rule is closed
 // at once, and what exceeds the caps is closed before TLS.
 func TestAnonymousFloodMemory(t *testing.T) {
@@ -153,7 +154,7 @@ func TestAnonymousFloodMemory(t *testing.T) {
 		{Attack: wait.AttackAnnounce},
 	} {
 		t.Run(string(f.Attack), func(t *testing.T) {
-			f.Addr, f.Sources, f.PerSource, f.Budget = s.tunnel, sources(4), perIP, loginBudget
+			f.Addr, f.Sources, f.PerSource, f.Budget = s.tunnel, sources(4), perIP, gate.LoginBudget
 			flood := startFlood(t, f)
 			var r wait.FloodReport
 			wait.WaitFor(t, 10*time.Second, func() error {
@@ -171,7 +172,7 @@ func TestAnonymousFloodMemory(t *testing.T) {
 	}
 	// Each connection is counted once: at its second stream, or for its
 	// first stream's announcement, whichever the server read first.
-	if got := testutil.ToFloat64(s.metrics.sessionsLimited.WithLabelValues(limitStreamBeforeLogin)) +
+	if got := testutil.ToFloat64(s.metrics.sessionsLimited.WithLabelValues(gate.LimitStreamBeforeLogin)) +
 		testutil.ToFloat64(s.metrics.refusedStreams.WithLabelValues("too_large")); got != 2*4*perIP {
 		t.Errorf("tether_sessions_closed_by_limit_total{limit=stream_before_login} + tether_streams_refused_total{reason=too_large} = %v, want %d", got, 2*4*perIP)
 	}
@@ -180,26 +181,26 @@ func TestAnonymousFloodMemory(t *testing.T) {
 	// server's timeouts: from 8 addresses, twice the per-address cap from
 	// each, 256 connections for the 72 slots addresses not known may hold
 	// (the other quarter is kept for known ones).
-	const held = maxAnonymous - maxAnonymous/reservedDivisor
+	const held = maxAnonymous - maxAnonymous/gate.ReservedDivisor
 	refusedOrEvicted := func() float64 {
-		return testutil.ToFloat64(s.metrics.connectionsRefused.WithLabelValues(refusedAnonymous)) +
-			testutil.ToFloat64(s.metrics.connectionsRefused.WithLabelValues(refusedAnonymousPerIP)) +
-			testutil.ToFloat64(s.metrics.sessionsLimited.WithLabelValues(limitEvicted))
+		return testutil.ToFloat64(s.metrics.connectionsRefused.WithLabelValues(gate.RefusedAnonymous)) +
+			testutil.ToFloat64(s.metrics.connectionsRefused.WithLabelValues(gate.RefusedAnonymousPerIP)) +
+			testutil.ToFloat64(s.metrics.sessionsLimited.WithLabelValues(gate.LimitEvicted))
 	}
 	for _, attack := range []wait.Attack{wait.AttackIdle, wait.AttackHello, wait.AttackFrame, wait.AttackHelloFrame, wait.AttackOpening} {
 		t.Run(string(attack), func(t *testing.T) {
 			wait.WaitFor(t, 15*time.Second, func() error {
-				if n := s.anonymous.count(); n != 0 {
+				if n := s.gate.Anonymous(); n != 0 {
 					return fmt.Errorf("%d anonymous connections left from before", n)
 				}
 				return nil
 			})
 			before := serverMemory()
 			refused := refusedOrEvicted()
-			f := startFlood(t, wait.Flood{Addr: s.tunnel, Sources: sources(8), PerSource: 2 * perIP, Attack: attack, Budget: loginBudget})
+			f := startFlood(t, wait.Flood{Addr: s.tunnel, Sources: sources(8), PerSource: 2 * perIP, Attack: attack, Budget: gate.LoginBudget})
 			wait.WaitFor(t, 10*time.Second, func() error {
 				r := refusedOrEvicted() - refused
-				if n := s.anonymous.count(); n != held || r != 256-held {
+				if n := s.gate.Anonymous(); n != held || r != 256-held {
 					return fmt.Errorf("%d anonymous connections held, %v refused or evicted; want %d and %d", n, r, held, 256-held)
 				}
 				if r := f.report(); r.Open != held {
@@ -213,8 +214,8 @@ func TestAnonymousFloodMemory(t *testing.T) {
 			}
 			growth := int64(inUse) - int64(before) //nolint:gosec // memory sizes fit
 			t.Logf("%d connections held: %d KiB more in use, %d KiB each", held, growth>>10, growth/held>>10)
-			if bound := int64(held * anonymousConnMemory); growth > bound {
-				t.Errorf("%d anonymous connections hold %d KiB, want at most %d KiB (%d KiB each)", held, growth>>10, bound>>10, anonymousConnMemory>>10)
+			if bound := int64(held * gate.AnonymousConnMemory); growth > bound {
+				t.Errorf("%d anonymous connections hold %d KiB, want at most %d KiB (%d KiB each)", held, growth>>10, bound>>10, gate.AnonymousConnMemory>>10)
 			}
 			f.stop()
 		})

@@ -26,6 +26,7 @@ import (
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel/client"
+	"github.com/tether-dev/tether/tunnel/server/gate"
 )
 
 // runClient runs a tether client for tunnel name against server (a tunnel
@@ -75,14 +76,14 @@ func (s *testServer) waitHolders(t testing.TB, name string, n int) {
 }
 
 // waitSessions waits until tunnel name has n sessions serving here.
-func (s *testServer) waitSessions(t testing.TB, name string, n int) []*Session {
+func (s *testServer) waitSessions(t testing.TB, name string, n int) []*member {
 	t.Helper()
-	var serving []*Session
+	var serving []*member
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		serving = nil
-		for _, sess := range s.sessions.sessionsOf(name) {
-			if _, ok := sess.serving(); ok {
-				serving = append(serving, sess)
+		for _, m := range s.sessions.list() {
+			if _, ok := m.serving(); ok && m.sess.Tunnel() == name {
+				serving = append(serving, m)
 			}
 		}
 		if len(serving) != n {
@@ -182,9 +183,9 @@ func TestRequestsSpreadOverSessions(t *testing.T) {
 			t.Fatalf("got %d %s", code, body)
 		}
 	}
-	for _, sess := range sessions {
-		if n := sess.Info().Requests; n < 5 {
-			t.Errorf("session %s served %d of 20 requests, want them spread over both", sess.id, n)
+	for _, m := range sessions {
+		if n := m.info().Requests; n < 5 {
+			t.Errorf("session %s served %d of 20 requests, want them spread over both", m.sess.ID(), n)
 		}
 	}
 	// The server told the client it is the only replica: its two
@@ -197,7 +198,7 @@ func TestRequestsSpreadOverSessions(t *testing.T) {
 // twoSessionsOneRelayed gives tunnel name two sessions, both to upstream:
 // the first through the returned relay, which a test can break, the second
 // direct. It returns the relayed session too.
-func (s *testServer) twoSessionsOneRelayed(t *testing.T, name, upstream string) (*relay, *Session) {
+func (s *testServer) twoSessionsOneRelayed(t *testing.T, name, upstream string) (*relay, *member) {
 	t.Helper()
 	r := newRelay(t, s.tunnel)
 	s.runClient(t, name, r.addr(), 1, upstream)
@@ -210,10 +211,10 @@ func (s *testServer) twoSessionsOneRelayed(t *testing.T, name, upstream string) 
 // waitGone waits until sess is no longer listed among its tunnel's
 // sessions. Its client may have connected again since: that is a new
 // session.
-func (s *testServer) waitGone(t *testing.T, sess *Session, what string) {
+func (s *testServer) waitGone(t *testing.T, m *member, what string) {
 	t.Helper()
 	testutil.WaitFor(t, 10*time.Second, func() error {
-		if slices.Contains(s.sessions.sessionsOf(sess.Tunnel()), sess) {
+		if slices.Contains(s.sessions.sessionsOf(m.sess.Tunnel()), m.sess) {
 			return fmt.Errorf("the %s session is still listed", what)
 		}
 		return nil
@@ -246,7 +247,7 @@ func TestSilentSessionIsPassedOver(t *testing.T) {
 		slowest = max(slowest, time.Since(start))
 	}
 	t.Logf("20 requests after the freeze, the slowest took %v", slowest.Round(time.Millisecond))
-	if bound := silenceBound + silencePing + 2*time.Second; slowest > bound {
+	if bound := gate.SilenceBound + gate.SilencePing + 2*time.Second; slowest > bound {
 		t.Errorf("a request took %v, want at most %v: it waited on the silent session", slowest, bound)
 	}
 	s.waitGone(t, relayed, "silent")

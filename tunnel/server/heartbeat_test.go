@@ -6,51 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hashicorp/yamux"
-
 	"github.com/tether-dev/tether/internal/testutil"
 )
-
-// The heartbeat pings a session once its client has been quiet for the
-// whole quiet time, once until that ping is over, and never a session
-// whose client pings more often than that.
-func TestHeartbeatDue(t *testing.T) {
-	const quiet = 40 * time.Second
-	t0 := time.Unix(1_000_000, 0)
-	var b heartbeat
-	for _, step := range []struct {
-		read uint64
-		at   time.Duration
-		want bool
-	}{
-		{100, 0, false},                // first sight
-		{100, 30 * time.Second, false}, // quiet for 30s
-		{130, 35 * time.Second, false}, // the client spoke
-		{130, 74 * time.Second, false}, // quiet for 39s
-		{130, 75 * time.Second, true},  // quiet for 40s: ping
-		{130, 80 * time.Second, false}, // the ping is out
-	} {
-		if got := b.due(step.read, t0.Add(step.at), quiet); got != step.want {
-			t.Fatalf("at %v with %d bytes read: due = %v, want %v", step.at, step.read, got, step.want)
-		}
-	}
-	b.pinging.Store(false) // answered: the answer is read
-	if b.due(142, t0.Add(81*time.Second), quiet) {
-		t.Fatal("due right after the answer was read")
-	}
-
-	// A client that pings every 30s, swept every 5s for an hour.
-	var c heartbeat
-	read := uint64(0)
-	for at := time.Duration(0); at < time.Hour; at += 5 * time.Second {
-		if at%(30*time.Second) == 0 {
-			read += 45
-		}
-		if c.due(read, t0.Add(at), quiet) {
-			t.Fatalf("a client that pings every 30s was due a ping at %v", at)
-		}
-	}
-}
 
 // A session whose path went dark while it idled (no request waits on it,
 // so the silence watch does not apply) is closed by the heartbeat within
@@ -64,12 +21,12 @@ func TestHeartbeatClosesADarkSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(lg.Close)
-	sess := s.waitSessions(t, loadTunnel(0), 1)[0]
+	sess := s.waitSessions(t, loadTunnel(0), 1)[0].sess
 
 	r.frozen.Store(true)
 	frozen := time.Now()
 	testutil.WaitFor(t, 3*heartbeat, func() error {
-		if sess.alive() {
+		if sess.Alive() {
 			return errors.New("the session is still open")
 		}
 		return nil
@@ -79,7 +36,7 @@ func TestHeartbeatClosesADarkSession(t *testing.T) {
 	if slack := time.Second; took > heartbeat+slack {
 		t.Errorf("the session closed %v after its path went dark, want within the heartbeat timeout %v (+%v)", took, heartbeat, slack)
 	}
-	if want := "connection lost: " + describeEnd(yamux.ErrKeepAliveTimeout); sess.CloseReason() != want {
+	if want := "connection lost: no heartbeat answer (the path to the client froze or the client hung)"; sess.CloseReason() != want {
 		t.Errorf("close reason %q, want %q", sess.CloseReason(), want)
 	}
 }
@@ -94,23 +51,23 @@ func TestHeartbeatKeepsAQuietClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(lg.Close)
-	sess := s.waitSessions(t, loadTunnel(0), 1)[0]
+	sess := s.waitSessions(t, loadTunnel(0), 1)[0].sess
 	testutil.WaitFor(t, 5*time.Second, func() error {
 		if lg.notices.Load() == 0 {
 			return errors.New("no hello yet")
 		}
 		return nil
 	})
-	wrote := sess.conn.written.Load()
+	_, wrote := sess.Traffic()
 	start := time.Now()
 	// Three pings of 12 bytes, each sent after two thirds of the heartbeat
 	// timeout of quiet: the session outlived twice the heartbeat timeout.
 	testutil.WaitFor(t, 5*heartbeat, func() error {
-		if !sess.alive() {
+		if !sess.Alive() {
 			t.Fatalf("the session closed after %v: %s", time.Since(start), sess.CloseReason())
 		}
-		if n := sess.conn.written.Load() - wrote; n < 3*muxHeaderSize {
-			return fmt.Errorf("the server wrote %d bytes to the quiet client", n)
+		if _, out := sess.Traffic(); out-wrote < 3*muxHeaderSize {
+			return fmt.Errorf("the server wrote %d bytes to the quiet client", out-wrote)
 		}
 		return nil
 	})

@@ -2,7 +2,6 @@ package server
 
 import (
 	"context"
-	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -75,7 +74,7 @@ func (k *keys) verifier(t testing.TB, leeway time.Duration) *auth.Verifier {
 
 // testServer is a Server serving on loopback for the duration of a test.
 type testServer struct {
-	*Server
+	*serving
 	keys   *keys
 	tunnel string // tunnel listener address
 	entry  string // http://host:port of the public entry
@@ -127,10 +126,15 @@ func startServerWith(t testing.TB, setup serverSetup, mutate ...func(*Config)) *
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	sv, err := srv.start(ctx, ls)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
-	go func() { done <- srv.Serve(ctx, ls) }()
+	go func() { done <- sv.run(ctx) }()
 	ts := &testServer{
-		Server: srv, keys: k,
+		serving: sv, keys: k,
 		tunnel: ls.Tunnel.Addr().String(),
 		entry:  "http://" + ls.HTTP.Addr().String(),
 		admin:  "http://" + ls.Admin.Addr().String(),
@@ -255,36 +259,13 @@ func dialRaw(t testing.TB, addr string) *rawClient {
 // dialRawFrom is dialRaw from the local address src (any 127.0.0.x).
 func dialRawFrom(t testing.TB, addr, src string) *rawClient {
 	t.Helper()
-	conn := dialTLSFrom(t, addr, src)
+	conn := testutil.DialTLSFrom(t, addr, src)
 	mux, err := yamux.Client(conn, tunnel.MuxConfig(15*time.Second, zap.NewNop()))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = mux.Close() })
 	return &rawClient{t: t, mux: mux}
-}
-
-// dialTLSFrom connects from src and completes TLS.
-func dialTLSFrom(t testing.TB, addr, src string) *tls.Conn {
-	t.Helper()
-	raw := dialTCPFrom(t, addr, src)
-	conn := tls.Client(raw, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // test against a self-signed server
-	if err := conn.HandshakeContext(t.Context()); err != nil {
-		t.Fatalf("TLS handshake from %s: %v", src, err)
-	}
-	return conn
-}
-
-// dialTCPFrom connects from src; the connection closes when the test ends.
-func dialTCPFrom(t testing.TB, addr, src string) net.Conn {
-	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}, Timeout: 10 * time.Second}
-	conn, err := d.DialContext(t.Context(), "tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = conn.Close() })
-	return conn
 }
 
 // login sends a Login and returns the server's answer and the control stream.
@@ -338,26 +319,4 @@ func writeFile(t testing.TB, path, content string) {
 	if err := os.WriteFile(path, []byte(content+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-}
-
-// pipeSession is a session over a net.Pipe, as the gate makes it, and the
-// client's end of its yamux session. Both close when the test ends.
-func pipeSession(t *testing.T) (*Session, *yamux.Session) {
-	t.Helper()
-	serverEnd, clientEnd := net.Pipe()
-	conf := tunnel.MuxConfig(15*time.Second, zap.NewNop())
-	mux, err := yamux.Server(serverEnd, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	far, err := yamux.Client(clientEnd, conf)
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess := newSession(newSessionID(), &countingConn{Conn: serverEnd}, mux, "tls", zap.NewNop())
-	t.Cleanup(func() {
-		sess.Close("test ended")
-		_ = far.Close()
-	})
-	return sess, far
 }

@@ -1,14 +1,12 @@
 package server
 
 import (
-	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
-	"net/netip"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -25,6 +23,7 @@ import (
 	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel"
 	"github.com/tether-dev/tether/tunnel/client"
+	"github.com/tether-dev/tether/tunnel/server/gate"
 )
 
 // closedWithin fails the test unless the server closes c within d.
@@ -52,11 +51,6 @@ func (s *testServer) refusedConns(reason string) float64 {
 	return testutil.ToFloat64(s.metrics.connectionsRefused.WithLabelValues(reason))
 }
 
-func (s *testServer) waitAnonymous(t testing.TB, want int) {
-	t.Helper()
-	waitCount(t, "anonymous connections", s.anonymous.count, want)
-}
-
 // waitCount waits until count() is want.
 func waitCount(t testing.TB, what string, count func() int, want int) {
 	t.Helper()
@@ -66,100 +60,6 @@ func waitCount(t testing.TB, what string, count func() int, want int) {
 		}
 		return nil
 	})
-}
-
-// evictAfter sets how long a client must have kept its anonymous
-// connection waiting before the connection may be evicted.
-func (s *testServer) evictAfter(d time.Duration) {
-	s.anonymous.mu.Lock()
-	defer s.anonymous.mu.Unlock()
-	s.anonymous.silence = d
-}
-
-// Connections that have not logged in are capped per source address and
-// in total, from TCP accept: a TLS slowloris counts, and one over a cap is
-// closed before TLS. A quarter of the total is kept for addresses whose
-// clients logged in. A login, or the end of the connection, frees the
-// slot. (Nothing here is silent long enough to be evicted.)
-func TestAnonymousConnectionsAreCappedBeforeTLS(t *testing.T) {
-	const maxAnonymous, reserved = 8, 2
-	s := startServer(t, func(c *Config) { c.MaxAnonymous, c.MaxAnonymousPerIP = maxAnonymous, 3 })
-	s.evictAfter(time.Hour)
-	refusedAtOnce := func(t *testing.T, src string) {
-		t.Helper()
-		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(src)}}
-		raw, err := d.DialContext(t.Context(), "tcp", s.tunnel)
-		if err != nil {
-			return // reset before connect returned
-		}
-		defer raw.Close()
-		tc := tls.Client(raw, &tls.Config{InsecureSkipVerify: true}) //nolint:gosec // self-signed test server
-		if err := tc.HandshakeContext(t.Context()); err == nil {
-			t.Fatalf("a connection from %s over the cap completed TLS", src)
-		}
-	}
-
-	var held []net.Conn
-	for range 3 {
-		held = append(held, dialTCPFrom(t, s.tunnel, "127.0.0.2")) // TCP only: a TLS slowloris
-	}
-	s.waitAnonymous(t, 3)
-	refusedAtOnce(t, "127.0.0.2")
-	if got := s.refusedConns(refusedAnonymousPerIP); got != 1 {
-		t.Errorf("tether_connections_refused_total{reason=anonymous_per_ip} = %v, want 1", got)
-	}
-
-	// Other addresses get in, up to what unknown addresses may hold.
-	other := dialRawFrom(t, s.tunnel, "127.0.0.3")
-	dialTCPFrom(t, s.tunnel, "127.0.0.3")
-	dialTCPFrom(t, s.tunnel, "127.0.0.4")
-	s.waitAnonymous(t, maxAnonymous-reserved)
-	refusedAtOnce(t, "127.0.0.5")
-	if got := s.refusedConns(refusedAnonymous); got != 1 {
-		t.Errorf("tether_connections_refused_total{reason=anonymous} = %v, want 1", got)
-	}
-
-	// A login frees its slot, and makes its address known: it may use the
-	// reserved slots, and an unknown one the slot the login freed.
-	if resp, _ := other.login(s.keys.token(t, "alpha", time.Hour), ""); resp.Error != "" {
-		t.Fatalf("login: %s", resp.Error)
-	}
-	s.waitAnonymous(t, maxAnonymous-reserved-1)
-	dialTCPFrom(t, s.tunnel, "127.0.0.3")
-	dialTCPFrom(t, s.tunnel, "127.0.0.5")
-	s.waitAnonymous(t, maxAnonymous-reserved+1)
-	refusedAtOnce(t, "127.0.0.6")
-	if got := s.refusedConns(refusedAnonymous); got != 2 {
-		t.Errorf("tether_connections_refused_total{reason=anonymous} = %v, want 2", got)
-	}
-
-	// So does the end of a connection.
-	for _, c := range held {
-		_ = c.Close()
-	}
-	s.waitAnonymous(t, maxAnonymous-reserved-2)
-	for range 3 {
-		dialRawFrom(t, s.tunnel, "127.0.0.2")
-	}
-	s.waitAnonymous(t, maxAnonymous-reserved+1)
-}
-
-// The per-address cap counts an IPv6 client by its /64.
-func TestSourceKey(t *testing.T) {
-	for _, tc := range []struct{ a, b string }{
-		{"192.0.2.1:1", "192.0.2.1:2"},
-		{"[2001:db8:1:2::1]:1", "[2001:db8:1:2:ffff::9]:2"},
-		{"[::ffff:192.0.2.1]:1", "192.0.2.1:2"},
-	} {
-		if ka, kb := sourceKey(net.TCPAddrFromAddrPort(mustAddrPort(t, tc.a))), sourceKey(net.TCPAddrFromAddrPort(mustAddrPort(t, tc.b))); ka != kb {
-			t.Errorf("%s and %s count apart (%v, %v), want together", tc.a, tc.b, ka, kb)
-		}
-	}
-	a := sourceKey(net.TCPAddrFromAddrPort(mustAddrPort(t, "[2001:db8:1:2::1]:1")))
-	b := sourceKey(net.TCPAddrFromAddrPort(mustAddrPort(t, "[2001:db8:1:3::1]:1")))
-	if a == b {
-		t.Errorf("two /64s count together (%v)", a)
-	}
 }
 
 // A second stream before the login is verified closes the connection:
@@ -177,12 +77,21 @@ func TestSecondStreamBeforeLoginClosesTheSession(t *testing.T) {
 		t.Fatal("a session with two streams before login is still open")
 	}
 	wait.WaitFor(t, 5*time.Second, func() error {
-		if got := s.limited(limitStreamBeforeLogin); got != 1 {
+		if got := s.limited(gate.LimitStreamBeforeLogin); got != 1 {
 			return fmt.Errorf("tether_sessions_closed_by_limit_total{limit=stream_before_login} = %v, want 1", got)
 		}
 		return nil
 	})
 }
+
+// A yamux frame's header (hashicorp/yamux const.go): version(1) type(1)
+// flags(2) stream(4) length(4).
+const (
+	muxHeaderSize    = 12
+	muxTypeData      = 0
+	muxTypeWindowUpd = 1
+	muxFlagSYN       = 1
+)
 
 // muxFrame is a yamux frame: version 0, type, flags, stream, length.
 func muxFrame(typ byte, flags uint16, stream, length uint32, body []byte) []byte {
@@ -203,21 +112,21 @@ func TestLoginBudget(t *testing.T) {
 		attack func(t *testing.T) net.Conn
 	}{
 		{"a yamux frame announcing more than the budget", func(t *testing.T) net.Conn {
-			c := dialTLSFrom(t, s.tunnel, "127.0.0.1")
-			_, _ = c.Write(muxFrame(muxTypeData, muxFlagSYN, 1, loginBudget, nil))
+			c := wait.DialTLSFrom(t, s.tunnel, "127.0.0.1")
+			_, _ = c.Write(muxFrame(muxTypeData, muxFlagSYN, 1, gate.LoginBudget, nil))
 			return c
 		}},
 		{"small yamux frames adding up to more than the budget", func(t *testing.T) net.Conn {
-			c := dialTLSFrom(t, s.tunnel, "127.0.0.1")
+			c := wait.DialTLSFrom(t, s.tunnel, "127.0.0.1")
 			out := muxFrame(muxTypeWindowUpd, muxFlagSYN, 1, 0, nil)
-			for len(out) <= loginBudget {
+			for len(out) <= gate.LoginBudget {
 				out = append(out, muxFrame(muxTypeWindowUpd, 0, 1, 0, nil)...)
 			}
 			_, _ = c.Write(out)
 			return c
 		}},
 		{"a TLS ClientHello larger than the budget", func(t *testing.T) net.Conn {
-			c := dialTCPFrom(t, s.tunnel, "127.0.0.1")
+			c := wait.DialFrom(t, s.tunnel, "127.0.0.1")
 			for i := range 3 {
 				rec := make([]byte, 5+16000)
 				rec[0], rec[1], rec[2] = 0x16, 0x03, 0x01
@@ -233,10 +142,10 @@ func TestLoginBudget(t *testing.T) {
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := s.limited(limitLoginBudget)
+			before := s.limited(gate.LimitLoginBudget)
 			closedWithin(t, tc.attack(t), 5*time.Second)
 			wait.WaitFor(t, 5*time.Second, func() error {
-				if got := s.limited(limitLoginBudget) - before; got != 1 {
+				if got := s.limited(gate.LimitLoginBudget) - before; got != 1 {
 					return fmt.Errorf("tether_sessions_closed_by_limit_total{limit=login_budget} rose by %v, want 1", got)
 				}
 				return nil
@@ -245,13 +154,13 @@ func TestLoginBudget(t *testing.T) {
 	}
 }
 
-// A first message announcing more than maxOpeningSize is refused from its
+// A first message announcing more than gate.MaxOpeningSize is refused from its
 // header, and its session closed.
 func TestOversizedOpeningIsRefused(t *testing.T) {
 	s := startServer(t)
 	v1 := make([]byte, 9)
 	v1[0] = msg.TypeLogin
-	binary.BigEndian.PutUint64(v1[1:], maxOpeningSize+1)
+	binary.BigEndian.PutUint64(v1[1:], gate.MaxOpeningSize+1)
 	v2 := []byte("FRP\x00\x02\r\n\x00\x10\x00\x00\x00\x01\x00\x00") // a message frame of 64 KiB
 	for name, opening := range map[string][]byte{"v1": v1, "v2": v2} {
 		t.Run(name, func(t *testing.T) {
@@ -294,7 +203,7 @@ func TestNoLoginAfterTheHandshake(t *testing.T) {
 		}
 	}
 	wait.WaitFor(t, 5*time.Second, func() error {
-		if got := s.limited(limitNoLogin); got != 2 {
+		if got := s.limited(gate.LimitNoLogin); got != 2 {
 			return fmt.Errorf("tether_sessions_closed_by_limit_total{limit=no_login} = %v, want 2", got)
 		}
 		return nil
@@ -310,26 +219,26 @@ func TestPingFloodClosesTheSession(t *testing.T) {
 		t.Fatalf("login: %s", resp.Error)
 	}
 	pings := 0
-	for ; pings < 10*pingBurst; pings++ {
+	for ; pings < 10*gate.PingBurst; pings++ {
 		if _, err := c.mux.Ping(); err != nil {
 			break
 		}
 	}
-	if pings < pingBurst || pings >= 10*pingBurst {
-		t.Fatalf("the session answered %d pings in a row, want about %d", pings, pingBurst)
+	if pings < gate.PingBurst || pings >= 10*gate.PingBurst {
+		t.Fatalf("the session answered %d pings in a row, want about %d", pings, gate.PingBurst)
 	}
 	wait.WaitFor(t, 5*time.Second, func() error {
 		if _, ok := s.sessions.lookup("alpha"); ok {
 			return errors.New("tunnel alpha is still registered")
 		}
-		if got := s.limited(limitPings); got != 1 {
+		if got := s.limited(gate.LimitPings); got != 1 {
 			return fmt.Errorf("tether_sessions_closed_by_limit_total{limit=pings} = %v, want 1", got)
 		}
 		return nil
 	})
 }
 
-// A logged-in client may have maxClientStreams streams open at once, and
+// A logged-in client may have gate.MaxClientStreams streams open at once, and
 // no more.
 func TestStreamsOfALoggedInClientAreCapped(t *testing.T) {
 	s := startServer(t)
@@ -341,28 +250,28 @@ func TestStreamsOfALoggedInClientAreCapped(t *testing.T) {
 	if !ok {
 		t.Fatal("tunnel alpha not registered")
 	}
-	for range maxClientStreams - 1 { // the control stream is one
+	for range gate.MaxClientStreams - 1 { // the control stream is one
 		if _, err := c.mux.OpenStream(); err != nil {
 			t.Fatal(err)
 		}
 	}
 	wait.WaitFor(t, 10*time.Second, func() error {
-		if n := sess.clientStreams.Load(); n != maxClientStreams {
-			return fmt.Errorf("%d client streams open on the server, want %d", n, maxClientStreams)
+		if n := sess.ClientStreams(); n != gate.MaxClientStreams {
+			return fmt.Errorf("%d client streams open on the server, want %d", n, gate.MaxClientStreams)
 		}
 		return nil
 	})
 	if reason := sess.CloseReason(); reason != "" {
-		t.Fatalf("the session closed at %d streams: %s", maxClientStreams, reason)
+		t.Fatalf("the session closed at %d streams: %s", gate.MaxClientStreams, reason)
 	}
 	_, _ = c.mux.OpenStream() // may see the session end already
 	select {
 	case <-c.mux.CloseChan():
 	case <-time.After(5 * time.Second):
-		t.Fatalf("a session with %d streams is still open", maxClientStreams+1)
+		t.Fatalf("a session with %d streams is still open", gate.MaxClientStreams+1)
 	}
 	wait.WaitFor(t, 5*time.Second, func() error {
-		if got := s.limited(limitStreams); got != 1 {
+		if got := s.limited(gate.LimitStreams); got != 1 {
 			return fmt.Errorf("tether_sessions_closed_by_limit_total{limit=streams} = %v, want 1", got)
 		}
 		return nil
@@ -384,7 +293,7 @@ func TestClosedStreamsLeaveTheCount(t *testing.T) {
 	// frp keeps a few work connections in its pool and closes the rest;
 	// each is waited for (frp's close, or a moment for one it keeps), so
 	// that at most the pool is open at a time.
-	for i := range maxClientStreams + 50 {
+	for i := range gate.MaxClientStreams + 50 {
 		stream, err := c.mux.OpenStream()
 		if err != nil {
 			t.Fatalf("stream %d: %v", i, err)
@@ -396,37 +305,14 @@ func TestClosedStreamsLeaveTheCount(t *testing.T) {
 		_ = stream.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
 		_, _ = stream.Read(make([]byte, 1))
 		wait.WaitFor(t, 10*time.Second, func() error {
-			if n := sess.clientStreams.Load(); n > 1+16 {
+			if n := sess.ClientStreams(); n > 1+16 {
 				return fmt.Errorf("%d client streams open", n)
 			}
 			return nil
 		})
 	}
 	if reason := sess.CloseReason(); reason != "" {
-		t.Fatalf("the session closed after %d work connections, one at a time: %s", maxClientStreams+50, reason)
-	}
-}
-
-// Closing a client stream twice takes it off the count once.
-func TestClientStreamCountsOnce(t *testing.T) {
-	s := startServer(t)
-	c := dialRaw(t, s.tunnel)
-	if resp, _ := c.login(s.keys.token(t, "alpha", time.Hour), ""); resp.Error != "" {
-		t.Fatalf("login: %s", resp.Error)
-	}
-	sess, _ := s.sessions.lookup("alpha")
-	stream, err := sess.mux.OpenStream() // any stream will do
-	if err != nil {
-		t.Fatal(err)
-	}
-	sess.clientStreams.Add(1)
-	sess.track(stream)
-	cs := &clientStream{Stream: stream, sess: sess}
-	before := sess.clientStreams.Load()
-	_ = cs.Close()
-	_ = cs.Close()
-	if got := sess.clientStreams.Load(); got != before-1 {
-		t.Errorf("open client streams went from %d to %d, want %d", before, got, before-1)
+		t.Fatalf("the session closed after %d work connections, one at a time: %s", gate.MaxClientStreams+50, reason)
 	}
 }
 
@@ -478,9 +364,9 @@ func TestLargestLoginFitsTheBounds(t *testing.T) {
 	if err := msg.WriteMsg(&buf, login); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("the largest login is %d bytes; the bound is %d, the login budget %d", buf.Len(), maxOpeningSize, loginBudget)
-	if buf.Len() > maxOpeningSize*2/3 {
-		t.Errorf("a login with %d routes is %d bytes, want at most two thirds of maxOpeningSize (%d)", maxRoutes, buf.Len(), maxOpeningSize)
+	t.Logf("the largest login is %d bytes; the bound is %d, the login budget %d", buf.Len(), gate.MaxOpeningSize, gate.LoginBudget)
+	if buf.Len() > gate.MaxOpeningSize*2/3 {
+		t.Errorf("a login with %d routes is %d bytes, want at most two thirds of gate.MaxOpeningSize (%d)", maxRoutes, buf.Len(), gate.MaxOpeningSize)
 	}
 
 	// And through the gate, with a real client.
@@ -510,18 +396,9 @@ func TestLargestLoginFitsTheBounds(t *testing.T) {
 	})
 	// The client's other connection may still be logging in.
 	wait.WaitFor(t, 10*time.Second, func() error {
-		if got := s.anonymous.count(); got != 0 {
+		if got := s.gate.Anonymous(); got != 0 {
 			return fmt.Errorf("%d anonymous connections after the logins, want 0", got)
 		}
 		return nil
 	})
-}
-
-func mustAddrPort(t *testing.T, s string) netip.AddrPort {
-	t.Helper()
-	ap, err := netip.ParseAddrPort(s)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return ap
 }

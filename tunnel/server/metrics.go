@@ -6,6 +6,7 @@ import (
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/internal/version"
+	"github.com/tether-dev/tether/tunnel/server/gate"
 	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
@@ -22,7 +23,7 @@ type metrics struct {
 	loginsRejected   *prometheus.CounterVec
 	routesRejected   *prometheus.CounterVec
 	refusedStreams   *prometheus.CounterVec
-	// The gate's limits (limits.go).
+	// The gate's limits (gate/limits.go).
 	connectionsRefused *prometheus.CounterVec
 	sessionsLimited    *prometheus.CounterVec
 	probes             *prometheus.CounterVec
@@ -33,11 +34,11 @@ type metrics struct {
 	peerServed  prometheus.Counter
 	peerRefused prometheus.Counter
 	// sessionsSilent counts sessions closed for a client that stopped
-	// answering while its tunnel had others (Session.watchSilence).
+	// answering while its tunnel had others (gate.Host's Silent).
 	sessionsSilent prometheus.Counter
 }
 
-func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *connSlots, reg registry.Registry) *metrics {
+func newMetrics(sessions *sessionTable, anonymous func() int, entryConns *connSlots, reg registry.Registry) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		sessionsReplaced: prometheus.NewCounter(prometheus.CounterOpts{
@@ -101,11 +102,11 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 	// The fairness limits' label values exist from the start, at 0, so that
 	// alerts on them see a rise from the first event.
 	for _, reason := range []string{
-		refusedAnonymousPerSubnet, entryCapLabels.refusedPerIP, entryCapLabels.evicted, entryCapLabels.evictedPerIP, peerCapLabels.evicted,
+		gate.RefusedAnonymousPerSubnet, entryCapLabels.refusedPerIP, entryCapLabels.evicted, entryCapLabels.evictedPerIP, peerCapLabels.evicted,
 	} {
 		m.connectionsRefused.WithLabelValues(reason)
 	}
-	for _, limit := range []string{limitFirstByte, limitEvicted} {
+	for _, limit := range []string{gate.LimitFirstByte, gate.LimitEvicted} {
 		m.sessionsLimited.WithLabelValues(limit)
 	}
 	for _, reason := range []string{unroutedCallerBusy, unroutedBodyTimeout, unroutedAmbiguousLength} {
@@ -119,7 +120,7 @@ func newMetrics(sessions *sessionTable, anonymous *anonymousSlots, entryConns *c
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tether_anonymous_connections",
 			Help: "Tunnel connections accepted that have not logged in (yet): handshaking, logging in, or probing.",
-		}, func() float64 { return float64(anonymous.count()) }),
+		}, func() float64 { return float64(anonymous()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tether_http_connections",
 			Help: "Connections open on the public entry (--http-addr), websockets included; --max-http-connections caps them.",
@@ -139,6 +140,17 @@ func (m *metrics) LoginAccepted(*auth.Claims) { m.loginsAccepted.Inc() }
 func (m *metrics) LoginRejected(reason auth.Reason) {
 	m.loginsRejected.WithLabelValues(string(reason)).Inc()
 }
+
+// ConnectionRefused implements gate.Observer.
+func (m *metrics) ConnectionRefused(reason string) {
+	m.connectionsRefused.WithLabelValues(reason).Inc()
+}
+
+// SessionLimited implements gate.Observer.
+func (m *metrics) SessionLimited(limit string) { m.sessionsLimited.WithLabelValues(limit).Inc() }
+
+// StreamRefused implements gate.Observer.
+func (m *metrics) StreamRefused(reason string) { m.refusedStreams.WithLabelValues(reason).Inc() }
 
 // RouteRejected implements auth.Observer.
 func (m *metrics) RouteRejected(reason auth.Reason) {
@@ -173,16 +185,17 @@ func (c tunnelCollector) Collect(ch chan<- prometheus.Metric) {
 	sessions := c.sessions.list() // by tunnel
 	tunnels := 0
 	for i := 0; i < len(sessions); {
-		name := sessions[i].Tunnel()
+		name := sessions[i].sess.Tunnel()
 		var requests [6]uint64
 		var in, out uint64
-		for ; i < len(sessions) && sessions[i].Tunnel() == name; i++ {
-			s := sessions[i]
-			for class := range s.requests {
-				requests[class] += s.requests[class].Load()
+		for ; i < len(sessions) && sessions[i].sess.Tunnel() == name; i++ {
+			m := sessions[i]
+			for class := range m.requests {
+				requests[class] += m.requests[class].Load()
 			}
-			in += s.conn.read.Load()
-			out += s.conn.written.Load()
+			sin, sout := m.sess.Traffic()
+			in += sin
+			out += sout
 		}
 		tunnels++
 		for class, n := range requests {

@@ -14,6 +14,7 @@ import (
 	"go.uber.org/zap/zapcore"
 
 	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel/server/gate"
 )
 
 // sessionHandler is how requests reach one session's client.
@@ -72,20 +73,20 @@ func parseAdvertised(raw *string) ([]proxy.Route, error) {
 //
 // A stock frpc advertises nothing (stock) and is reached through frp's
 // own HTTP vhost, which routes by Host to the tunnel's load-balancing group.
-func (s *serving) newHandler(sess *Session, stock bool) sessionHandler {
+func (s *serving) newHandler(sess *gate.Session, stock bool) sessionHandler {
 	if stock {
 		return &lazyHandler{build: func() (sessionHandler, error) { return s.vhostProxy(), nil }}
 	}
 	return &lazyHandler{build: func() (sessionHandler, error) {
 		// Parsed again rather than kept: a session may idle for days.
-		routes, err := parseAdvertised(sess.advertisedRoutes())
+		routes, err := parseAdvertised(sess.AdvertisedRoutes())
 		if err != nil {
-			sess.logger().Error("build the session's router", zap.Error(err))
+			sess.Logger().Error("build the session's router", zap.Error(err))
 			return nil, err
 		}
-		router, err := proxy.NewRouter(routes, sampled(sess.logger(), routerLogPeriod), proxy.Options{DialContext: sess.dial, Reroute: reroutable})
+		router, err := proxy.NewRouter(routes, sampled(sess.Logger(), routerLogPeriod), proxy.Options{DialContext: sess.Dial, Reroute: reroutable})
 		if err != nil {
-			sess.logger().Error("build the session's router", zap.Error(err))
+			sess.Logger().Error("build the session's router", zap.Error(err))
 			return nil, err
 		}
 		return routerHandler{router}, nil
@@ -198,7 +199,7 @@ func (c *sampledCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcor
 // reroutable reports whether a request that failed with err never reached
 // the client: its session could not carry the dial.
 func reroutable(err error) bool {
-	var de *sessionDialError
+	var de *gate.SessionError
 	return errors.As(err, &de)
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"go.uber.org/zap"
 
+	"github.com/tether-dev/tether/internal/source"
 	"github.com/tether-dev/tether/proxy"
 )
 
@@ -170,18 +171,18 @@ func (s *Server) callerOf(r *http.Request) netip.Addr {
 			}
 			addr, err := netip.ParseAddr(strings.TrimSpace(item))
 			if err != nil {
-				return addressKey(caller)
+				return source.Key(caller)
 			}
 			caller = addr.Unmap()
 			if !s.trustsAddr(caller) {
-				return addressKey(caller)
+				return source.Key(caller)
 			}
 		}
 	}
 	if !caller.IsValid() {
 		caller = addrOfString(r.RemoteAddr)
 	}
-	return addressKey(caller)
+	return source.Key(caller)
 }
 
 // addrOfString is the address of a HOST:PORT, or the zero Addr.

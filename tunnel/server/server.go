@@ -42,7 +42,6 @@ import (
 	"net/url"
 	"os"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -52,6 +51,7 @@ import (
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/tunnel"
+	"github.com/tether-dev/tether/tunnel/server/gate"
 	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
@@ -92,8 +92,9 @@ type Config struct {
 	// counted from TCP accept. At the cap the one that has kept the server
 	// waiting longest is closed to make room, or with none the new one is
 	// closed at once, before TLS; a quarter is kept for addresses whose
-	// clients were logged in lately (anonymous.go). Default 1024, which
-	// bounds their memory to at most 160 MiB (see limits.go and docs/limits.md).
+	// clients were logged in lately (gate/anonymous.go). Default 1024,
+	// which bounds their memory to at most 160 MiB (see gate/limits.go and
+	// docs/limits.md).
 	MaxAnonymous int
 	// MaxAnonymousPerIP caps the connections that have not logged in from
 	// one source address (an IPv6 /64), and four times it those from one
@@ -179,10 +180,10 @@ func (c *Config) setDefaults() {
 		c.ShutdownTimeout = 25 * time.Second
 	}
 	if c.MaxAnonymous == 0 {
-		c.MaxAnonymous = defaultMaxAnonymous
+		c.MaxAnonymous = gate.DefaultMaxAnonymous
 	}
 	if c.MaxAnonymousPerIP == 0 {
-		c.MaxAnonymousPerIP = defaultMaxAnonymousPerIP
+		c.MaxAnonymousPerIP = gate.DefaultMaxAnonymousPerIP
 	}
 	if c.MaxSessionsPerTunnel == 0 {
 		c.MaxSessionsPerTunnel = defaultMaxSessionsPerTunnel
@@ -255,10 +256,10 @@ func (c *Config) Validate() error {
 		errs = append(errs, fmt.Errorf("--admin-addr %q is not a loopback address: set --admin-token-file to protect /api/ and /metrics, or listen on 127.0.0.1", c.AdminAddr))
 	}
 	if c.MaxAnonymous < 0 {
-		errs = append(errs, fmt.Errorf("MaxAnonymous %d: want a positive number of connections, or 0 for the default %d", c.MaxAnonymous, defaultMaxAnonymous))
+		errs = append(errs, fmt.Errorf("MaxAnonymous %d: want a positive number of connections, or 0 for the default %d", c.MaxAnonymous, gate.DefaultMaxAnonymous))
 	}
 	if c.MaxAnonymousPerIP < 0 {
-		errs = append(errs, fmt.Errorf("--max-anonymous-per-ip %d: want a positive number of connections, or 0 for the default %d", c.MaxAnonymousPerIP, defaultMaxAnonymousPerIP))
+		errs = append(errs, fmt.Errorf("--max-anonymous-per-ip %d: want a positive number of connections, or 0 for the default %d", c.MaxAnonymousPerIP, gate.DefaultMaxAnonymousPerIP))
 	}
 	if c.HeartbeatTimeout < 3*time.Second {
 		errs = append(errs, fmt.Errorf("--heartbeat-timeout %v: want at least 3s", c.HeartbeatTimeout))
@@ -396,16 +397,11 @@ type Server struct {
 	certs      *certificates
 	tlsConfig  *tls.Config
 	registry   registry.Registry
-	sessions   *sessionTable
 	inflight   *requestSlots // requests in flight per tunnel and caller
-	metrics    *metrics
-	anonymous  *anonymousSlots
-	entryConns *connSlots // the public entry's connections
+	entryConns *connSlots    // the public entry's connections
 	// floodLog is log, sampled: for what a client can make the server log
 	// as often as it likes (refused connections and streams, limits).
 	floodLog *zap.Logger
-	// sessionLog is every session's logger, made once.
-	sessionLog *zap.Logger
 
 	// refusalLog logs the entry's refusals of CONNECT and absolute-form
 	// targets, sampled: anyone on the internet can send those.
@@ -415,7 +411,6 @@ type Server struct {
 	// cut short by a client that left), which are debug noise.
 	proxyErrorLog *stdlog.Logger
 
-	conns    sync.WaitGroup // one per client connection
 	ready    atomic.Bool
 	draining atomic.Bool
 }
@@ -424,10 +419,16 @@ type Server struct {
 type serving struct {
 	*Server
 	frp       *embeddedFRP
+	gate      *gate.Gate    // the tunnel port
+	sessions  *sessionTable // the logged-in sessions, by tunnel
+	metrics   *metrics
 	peers     http.Handler // forwards to other replicas
 	peerConns *connSlots   // the peer port's connections (nil: no peer port)
-	notices   sync.WaitGroup
-	pings     sync.WaitGroup // the heartbeat's (watchHeartbeats)
+
+	// What run serves on.
+	ls                                     Listeners
+	pluginLn                               net.Listener
+	pluginSrv, entrySrv, peerSrv, adminSrv *http.Server
 }
 
 // Option customises a Server.
@@ -474,16 +475,12 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	}
 	s.certs = certs
 	s.tlsConfig = &tls.Config{GetCertificate: certs.GetCertificate, MinVersion: tls.VersionTLS12}
-	s.anonymous = newAnonymousSlots(cfg.MaxAnonymous, cfg.MaxAnonymousPerIP)
 	s.entryConns = newConnSlots(cfg.MaxHTTPConnections, cfg.MaxHTTPConnectionsPerIP, s.trustsAddr)
 	s.floodLog = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		// Per message: the first 5 every 10s, then none until the next 10s.
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
 	}))
-	s.sessionLog = log.Named("session")
-	s.sessions = newSessionTable(s.registry)
 	s.inflight = newRequestSlots(cfg.MaxRequestsPerTunnel, cfg.MaxRequestsPerCaller)
-	s.metrics = newMetrics(s.sessions, s.anonymous, s.entryConns, s.registry)
 	return s, nil
 }
 
@@ -555,34 +552,55 @@ func (s *Server) Run(ctx context.Context) error {
 // Serve serves on ls until ctx ends, then drains (drain.go). It returns
 // after every goroutine it started has ended.
 func (s *Server) Serve(ctx context.Context, ls Listeners) error {
+	sv, err := s.start(ctx, ls)
+	if err != nil {
+		return err
+	}
+	return sv.run(ctx)
+}
+
+// start builds what serving needs and starts frp; run serves.
+func (s *Server) start(ctx context.Context, ls Listeners) (*serving, error) {
 	if ls.Peer != nil && s.peerTLS == nil {
 		closeAll(ls)
-		return errors.New("a peer listener needs the peer channel's credentials: set --peer-secret-file (Config.PeerSecretFile)")
+		return nil, errors.New("a peer listener needs the peer channel's credentials: set --peer-secret-file (Config.PeerSecretFile)")
 	}
-	sv := &serving{Server: s}
-	plugin := auth.NewPlugin(s.verifier, sv, s.floodLog.Named("auth"), s.metrics)
-	var lc net.ListenConfig
-	pluginLn, err := lc.Listen(ctx, "tcp", "127.0.0.1:0")
+	sv := &serving{Server: s, ls: ls, sessions: newSessionTable(s.registry)}
+	// The metrics read the gate's anonymous connections when scraped, by
+	// then made.
+	sv.metrics = newMetrics(sv.sessions, func() int { return sv.gate.Anonymous() }, s.entryConns, s.registry)
+	var err error
+	sv.gate, err = gate.New(gate.Config{
+		TLS: s.tlsConfig, HeartbeatTimeout: s.cfg.HeartbeatTimeout, LoginTimeout: s.cfg.LoginTimeout,
+		MaxAnonymous: s.cfg.MaxAnonymous, MaxAnonymousPerIP: s.cfg.MaxAnonymousPerIP,
+		Log: s.log, FloodLog: s.floodLog,
+	}, sv, sv.metrics)
 	if err != nil {
 		closeAll(ls)
-		return fmt.Errorf("listen for the in-process auth plugin: %w", err)
+		return nil, err
+	}
+	plugin := auth.NewPlugin(s.verifier, sv, s.floodLog.Named("auth"), sv.metrics)
+	var lc net.ListenConfig
+	if sv.pluginLn, err = lc.Listen(ctx, "tcp", "127.0.0.1:0"); err != nil {
+		closeAll(ls)
+		return nil, fmt.Errorf("listen for the in-process auth plugin: %w", err)
 	}
 	pluginPath := randomPath()
 	pluginMux := http.NewServeMux()
 	pluginMux.Handle(pluginPath, plugin)
-	pluginSrv := &http.Server{Handler: pluginMux, ReadHeaderTimeout: 10 * time.Second}
+	sv.pluginSrv = &http.Server{Handler: pluginMux, ReadHeaderTimeout: 10 * time.Second}
 
 	if s.cfg.PublicURL == "" {
 		s.cfg.PublicURL = defaultPublicURL(s.cfg.Domain, ls.HTTP.Addr())
 	}
-	if sv.frp, err = startFRP(s.cfg.Domain, pluginLn.Addr().String(), pluginPath, plugin.Ops(), tunnel.NewConnListener(ls.Tunnel.Addr())); err != nil {
-		_ = pluginLn.Close()
+	if sv.frp, err = startFRP(s.cfg.Domain, sv.pluginLn.Addr().String(), pluginPath, plugin.Ops(), tunnel.NewConnListener(ls.Tunnel.Addr())); err != nil {
+		_ = sv.pluginLn.Close()
 		closeAll(ls)
-		return err
+		return nil, err
 	}
 	sv.peers = sv.newPeerProxy()
 
-	entrySrv := &http.Server{
+	sv.entrySrv = &http.Server{
 		Handler:           http.HandlerFunc(sv.serveEntry),
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       120 * time.Second,
@@ -590,9 +608,8 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 		MaxHeaderBytes:    maxEntryHeaderBytes,
 		ConnState:         trackConns,
 	}
-	var peerSrv *http.Server
 	if ls.Peer != nil {
-		peerSrv = &http.Server{
+		sv.peerSrv = &http.Server{
 			Handler:           http.HandlerFunc(sv.servePeer),
 			ReadHeaderTimeout: 10 * time.Second,
 			IdleTimeout:       120 * time.Second,
@@ -600,32 +617,36 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 			MaxHeaderBytes:    maxPeerHeaderBytes,
 			ConnState:         trackConns,
 		}
+		sv.peerConns = newConnSlots(s.cfg.MaxHTTPConnections, 0, nil)
 	}
-	adminSrv := &http.Server{Handler: s.adminHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: maxAdminHeaderBytes}
+	sv.adminSrv = &http.Server{Handler: sv.adminHandler(), ReadHeaderTimeout: 10 * time.Second, MaxHeaderBytes: maxAdminHeaderBytes}
+	return sv, nil
+}
 
+// run serves until ctx ends, then drains.
+func (sv *serving) run(ctx context.Context) error {
+	s, ls := sv.Server, sv.ls
 	// The registry outlives the drain: it tells where the clients moved,
 	// and removes this replica's entries last.
 	regCtx, stopRegistry := context.WithCancel(context.WithoutCancel(ctx))
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.registry.Run(regCtx) })
-	g.Go(func() error { return serveHTTP(pluginSrv, pluginLn) })
+	g.Go(func() error { return serveHTTP(sv.pluginSrv, sv.pluginLn) })
 	entryLn := &cappedListener{Listener: ls.HTTP, slots: s.entryConns, maxLines: maxEntryHeadLines,
 		report: sv.capReporter("public entry", entryCapLabels)}
-	g.Go(func() error { return serveHTTP(entrySrv, entryLn) })
-	if peerSrv != nil {
-		sv.peerConns = newConnSlots(s.cfg.MaxHTTPConnections, 0, nil)
+	g.Go(func() error { return serveHTTP(sv.entrySrv, entryLn) })
+	if sv.peerSrv != nil {
 		peerLn := &cappedListener{Listener: sv.peerListener(ls.Peer), slots: sv.peerConns, maxLines: maxPeerHeadLines,
 			report: sv.capReporter("peer port", peerCapLabels)}
-		g.Go(func() error { return serveHTTP(peerSrv, peerLn) })
+		g.Go(func() error { return serveHTTP(sv.peerSrv, peerLn) })
 	}
-	g.Go(func() error { return serveHTTP(adminSrv, ls.Admin) })
-	g.Go(func() error { return sv.serveTunnel(ls.Tunnel) })
-	g.Go(func() error { sv.watchHeartbeats(gctx); return nil })
+	g.Go(func() error { return serveHTTP(sv.adminSrv, ls.Admin) })
+	g.Go(func() error { return sv.gate.Serve(gctx, ls.Tunnel) })
 	g.Go(func() error {
 		<-gctx.Done()
-		sv.drain(ls.Tunnel, entrySrv, peerSrv)
-		_ = adminSrv.Close()
-		_ = pluginSrv.Close()
+		sv.drain(sv.entrySrv, sv.peerSrv)
+		_ = sv.adminSrv.Close()
+		_ = sv.pluginSrv.Close()
 		sv.frp.Close()
 		stopRegistry()
 		return nil
@@ -646,8 +667,7 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 			zap.String("sha256_fingerprint", s.certs.Fingerprint()))
 	}
 	s.ready.Store(true)
-	err = g.Wait()
-	sv.pings.Wait() // their sessions are closed: they end at once
+	err := g.Wait()
 	if ctx.Err() != nil && err == nil {
 		s.log.Info("tether server stopped")
 	}

@@ -8,14 +8,15 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tether-dev/tether/tunnel/server/gate"
 	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
-// sessionTable is this replica's sessions: every connection by session ID
-// (frp's plugin calls name a session by ID), and the logged-in ones by
-// tunnel. It is the one place that knows which sessions serve a tunnel
-// here, and it tells the registry when this replica starts and stops
-// serving one: the registry itself knows names and replicas only.
+// sessionTable is this replica's logged-in sessions, by tunnel, each with
+// what the server keeps of it (member). It is the one place that knows
+// which sessions serve a tunnel here, and it tells the registry when this
+// replica starts and stops serving one: the registry itself knows names
+// and replicas only.
 //
 // A tunnel may have several sessions here (several client processes, or a
 // client's --connections landing on one replica): requests are spread over
@@ -24,55 +25,89 @@ type sessionTable struct {
 	reg registry.Registry
 
 	mu      sync.RWMutex
-	byID    map[string]*Session
+	byID    map[string]*member // by session ID
 	tunnels map[string]*tunnelSessions
+}
+
+// member is a logged-in session and what the server keeps of it.
+type member struct {
+	sess    *gate.Session
+	handler sessionHandler // how requests reach the client
+	// retired is set when a draining server stops sending the session new
+	// requests because its tunnel is served elsewhere.
+	retired atomic.Bool
+	// routePending is set while a stock frpc's route is registered in the
+	// auth plugin but not yet in frp's vhost: the session serves once frp
+	// has answered the client (its next write on the control stream).
+	routePending atomic.Bool
+	// requests counts the requests routed to this session by status class:
+	// index 1..5 for 1xx..5xx, index 0 for requests that failed before any
+	// response.
+	requests [6]atomic.Uint64
+
+	mu    sync.Mutex
+	route string // the registered frp proxy name; "" while none
 }
 
 // tunnelSessions are one tunnel's sessions on this replica.
 type tunnelSessions struct {
-	all     []*Session // logged in, oldest first
-	serving []*Session // of all, those with a registered route; replaced, never changed in place
+	all     []*member // logged in, oldest first
+	serving []*member // of all, those with a registered route; replaced, never changed in place
 	next    atomic.Uint32
 }
 
 func newSessionTable(reg registry.Registry) *sessionTable {
-	return &sessionTable{reg: reg, byID: make(map[string]*Session), tunnels: make(map[string]*tunnelSessions)}
+	return &sessionTable{reg: reg, byID: make(map[string]*member), tunnels: make(map[string]*tunnelSessions)}
 }
 
-// add records a new connection.
-func (t *sessionTable) add(s *Session) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.byID[s.id] = s
-}
-
-// get returns the connection with session ID id.
-func (t *sessionTable) get(id string) (*Session, bool) {
+// get returns the member with session ID id.
+func (t *sessionTable) get(id string) (*member, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	s, ok := t.byID[id]
-	return s, ok
+	m, ok := t.byID[id]
+	return m, ok
 }
 
-// all returns every connection, logged in or not.
-func (t *sessionTable) all() []*Session {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	list := make([]*Session, 0, len(t.byID))
-	for _, s := range t.byID {
-		list = append(list, s)
+// setRoute records the member's route; a session has at most one.
+func (m *member) setRoute(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.route != "" && m.route != name {
+		return false
 	}
-	return list
+	m.route = name
+	return true
 }
 
-// each calls f for every connection, logged in or not, with the table
-// locked for reading: f must not call the table.
-func (t *sessionTable) each(f func(*Session)) {
-	t.mu.RLock()
-	defer t.mu.RUnlock()
-	for _, s := range t.byID {
-		f(s)
+// clearRoute forgets the route name, and reports whether it was the
+// member's.
+func (m *member) clearRoute(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.route != name {
+		return false
 	}
+	m.route = ""
+	return true
+}
+
+// routeName is the member's route, "" while none.
+func (m *member) routeName() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.route
+}
+
+// serving returns the member's handler while it serves requests: its route
+// registered, its session not closed.
+func (m *member) serving() (sessionHandler, bool) {
+	m.mu.Lock()
+	route := m.route
+	m.mu.Unlock()
+	if route == "" || m.sess.CloseReason() != "" {
+		return nil, false
+	}
+	return m.handler, true
 }
 
 // joinError says why a logged-in session cannot join its tunnel here.
@@ -88,8 +123,9 @@ func (e *joinError) Error() string { return e.detail }
 // the new login replaces it. A tunnel holds at most limit sessions here,
 // and its sessions are all tether clients or all stock frpc: frp's vhost
 // would send a stock frpc's requests to a tether client's route too.
-func (t *sessionTable) join(s *Session, limit int) (replaced *Session, err error) {
-	name, runID, stock := s.Tunnel(), s.RunID(), s.stock()
+func (t *sessionTable) join(m *member, limit int) (replaced *member, err error) {
+	s := m.sess
+	name, runID, stock := s.Tunnel(), s.RunID(), s.Stock()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ts := t.tunnels[name]
@@ -100,9 +136,9 @@ func (t *sessionTable) join(s *Session, limit int) (replaced *Session, err error
 	others := 0
 	for _, o := range ts.all {
 		switch {
-		case o.RunID() == runID:
+		case o.sess.RunID() == runID:
 			replaced = o
-		case o.stock() != stock:
+		case o.sess.Stock() != stock:
 			return nil, &joinError{detail: kindConflict(name, stock), mixed: true}
 		default:
 			others++
@@ -111,7 +147,8 @@ func (t *sessionTable) join(s *Session, limit int) (replaced *Session, err error
 	if others >= limit {
 		return nil, &joinError{detail: tooManySessions(name, limit)}
 	}
-	ts.all = append(ts.all, s)
+	ts.all = append(ts.all, m)
+	t.byID[s.ID()] = m
 	if replaced != nil {
 		t.leaveLocked(replaced)
 	}
@@ -131,52 +168,56 @@ func tooManySessions(name string, limit int) string {
 
 // leave removes a session from its tunnel, when its connection ends. It is
 // safe to call for a session that never joined or already left.
-func (t *sessionTable) leave(s *Session) {
+func (t *sessionTable) leave(s *gate.Session) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	delete(t.byID, s.id)
-	t.leaveLocked(s)
+	if m := t.byID[s.ID()]; m != nil && m.sess == s {
+		t.leaveLocked(m)
+	}
 }
 
-func (t *sessionTable) leaveLocked(s *Session) {
-	name := s.Tunnel()
+func (t *sessionTable) leaveLocked(m *member) {
+	if t.byID[m.sess.ID()] == m {
+		delete(t.byID, m.sess.ID())
+	}
+	name := m.sess.Tunnel()
 	ts := t.tunnels[name]
 	if ts == nil {
 		return
 	}
-	ts.all = slices.DeleteFunc(slices.Clone(ts.all), func(o *Session) bool { return o == s })
-	t.setServingLocked(name, ts, slices.DeleteFunc(slices.Clone(ts.serving), func(o *Session) bool { return o == s }))
+	ts.all = slices.DeleteFunc(slices.Clone(ts.all), func(o *member) bool { return o == m })
+	t.setServingLocked(name, ts, slices.DeleteFunc(slices.Clone(ts.serving), func(o *member) bool { return o == m }))
 	if len(ts.all) == 0 {
 		delete(t.tunnels, name)
 	}
 }
 
 // serve makes a joined session serve requests: frp registered its route.
-func (t *sessionTable) serve(s *Session) {
-	name := s.Tunnel()
+func (t *sessionTable) serve(m *member) {
+	name := m.sess.Tunnel()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ts := t.tunnels[name]
-	if ts == nil || !slices.Contains(ts.all, s) || slices.Contains(ts.serving, s) {
+	if ts == nil || !slices.Contains(ts.all, m) || slices.Contains(ts.serving, m) {
 		return
 	}
-	t.setServingLocked(name, ts, append(slices.Clone(ts.serving), s))
+	t.setServingLocked(name, ts, append(slices.Clone(ts.serving), m))
 }
 
 // unserve stops a session serving requests: frp closed its route.
-func (t *sessionTable) unserve(s *Session) {
-	name := s.Tunnel()
+func (t *sessionTable) unserve(m *member) {
+	name := m.sess.Tunnel()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if ts := t.tunnels[name]; ts != nil {
-		t.setServingLocked(name, ts, slices.DeleteFunc(slices.Clone(ts.serving), func(o *Session) bool { return o == s }))
+		t.setServingLocked(name, ts, slices.DeleteFunc(slices.Clone(ts.serving), func(o *member) bool { return o == m }))
 	}
 }
 
 // setServingLocked replaces a tunnel's serving sessions and tells the
 // registry when the tunnel starts or stops being served here. A retired
 // session (a drain) does not count: its tunnel was released already.
-func (t *sessionTable) setServingLocked(name string, ts *tunnelSessions, serving []*Session) {
+func (t *sessionTable) setServingLocked(name string, ts *tunnelSessions, serving []*member) {
 	before, after := countActive(ts.serving), countActive(serving)
 	ts.serving = serving
 	switch {
@@ -187,10 +228,10 @@ func (t *sessionTable) setServingLocked(name string, ts *tunnelSessions, serving
 	}
 }
 
-func countActive(list []*Session) int {
+func countActive(list []*member) int {
 	n := 0
-	for _, s := range list {
-		if !s.retired.Load() {
+	for _, m := range list {
+		if !m.retired.Load() {
 			n++
 		}
 	}
@@ -201,10 +242,10 @@ func countActive(list []*Session) int {
 // Sessions take turns; one that just failed a dial (suspect), one in
 // skip, and, unless retiredToo, one a drain retired, are passed over while
 // another serves.
-func (t *sessionTable) pick(name string, retiredToo bool, skip []*Session) *Session {
+func (t *sessionTable) pick(name string, retiredToo bool, skip []*member) *member {
 	t.mu.RLock()
 	ts := t.tunnels[name]
-	var serving []*Session
+	var serving []*member
 	if ts != nil {
 		serving = ts.serving
 	}
@@ -214,26 +255,26 @@ func (t *sessionTable) pick(name string, retiredToo bool, skip []*Session) *Sess
 	}
 	start := int(ts.next.Add(1))
 	now := time.Now()
-	var fallback *Session
+	var fallback *member
 	for i := range serving {
-		s := serving[(start+i)%len(serving)]
-		if slices.Contains(skip, s) || (s.retired.Load() && !retiredToo) {
+		m := serving[(start+i)%len(serving)]
+		if slices.Contains(skip, m) || (m.retired.Load() && !retiredToo) {
 			continue
 		}
-		if s.suspect(now) || s.retired.Load() {
+		if m.sess.Suspect(now) || m.retired.Load() {
 			if fallback == nil {
-				fallback = s
+				fallback = m
 			}
 			continue
 		}
-		return s
+		return m
 	}
 	return fallback
 }
 
 // othersServe reports whether a session of s's tunnel other than s serves,
 // not retired and not suspect.
-func (t *sessionTable) othersServe(s *Session) bool {
+func (t *sessionTable) othersServe(s *gate.Session) bool {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	ts := t.tunnels[s.Tunnel()]
@@ -242,7 +283,7 @@ func (t *sessionTable) othersServe(s *Session) bool {
 	}
 	now := time.Now()
 	for _, o := range ts.serving {
-		if o != s && !o.retired.Load() && !o.suspect(now) {
+		if o.sess != s && !o.retired.Load() && !o.sess.Suspect(now) {
 			return true
 		}
 	}
@@ -261,7 +302,7 @@ func (t *sessionTable) serves(name string) bool {
 // releases the tunnel in the registry, so that other replicas stop sending
 // it here: a draining replica does this once another replica serves the
 // tunnel. It returns the sessions retired.
-func (t *sessionTable) retire(name string) []*Session {
+func (t *sessionTable) retire(name string) []*member {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	ts := t.tunnels[name]
@@ -269,8 +310,8 @@ func (t *sessionTable) retire(name string) []*Session {
 		return nil
 	}
 	served := countActive(ts.serving) > 0
-	for _, s := range ts.all {
-		s.retired.Store(true)
+	for _, m := range ts.all {
+		m.retired.Store(true)
 	}
 	if served {
 		t.reg.Release(name)
@@ -291,39 +332,50 @@ func (t *sessionTable) tunnelNames() []string {
 }
 
 // sessionsOf returns the logged-in sessions of tunnel name, oldest first.
-func (t *sessionTable) sessionsOf(name string) []*Session {
+func (t *sessionTable) sessionsOf(name string) []*gate.Session {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
+	var list []*gate.Session
 	if ts := t.tunnels[name]; ts != nil {
-		return slices.Clone(ts.all)
+		for _, m := range ts.all {
+			list = append(list, m.sess)
+		}
 	}
-	return nil
+	return list
+}
+
+// closeIdle closes the idle streams sess's handler keeps for later
+// requests.
+func (t *sessionTable) closeIdle(sess *gate.Session) {
+	if m, ok := t.get(sess.ID()); ok && m.sess == sess {
+		m.handler.CloseIdle()
+	}
 }
 
 // list returns every logged-in session, by tunnel name, then oldest first.
-func (t *sessionTable) list() []*Session {
+func (t *sessionTable) list() []*member {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	var list []*Session
+	var list []*member
 	for _, ts := range t.tunnels {
 		list = append(list, ts.all...)
 	}
-	slices.SortStableFunc(list, func(a, b *Session) int {
-		if c := strings.Compare(a.Tunnel(), b.Tunnel()); c != 0 {
+	slices.SortStableFunc(list, func(a, b *member) int {
+		if c := strings.Compare(a.sess.Tunnel(), b.sess.Tunnel()); c != 0 {
 			return c
 		}
-		return a.connectedAt.Compare(b.connectedAt)
+		return a.sess.ConnectedAt().Compare(b.sess.ConnectedAt())
 	})
 	return list
 }
 
 // lookup returns the oldest logged-in session of tunnel name, for a probe
 // that reports who serves a tunnel.
-func (t *sessionTable) lookup(name string) (*Session, bool) {
+func (t *sessionTable) lookup(name string) (*gate.Session, bool) {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	if ts := t.tunnels[name]; ts != nil && len(ts.all) > 0 {
-		return ts.all[0], true
+		return ts.all[0].sess, true
 	}
 	return nil, false
 }

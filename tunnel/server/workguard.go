@@ -17,13 +17,15 @@ import (
 	"golang.org/x/net/http/httpguts"
 
 	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel"
 )
 
 // A stock frpc's answers reach frp's HTTP vhost on its work connections,
 // and frp parses them with Go's default bound on a response head, 10 MiB,
 // which frp does not let tether set: one answer with an 8 MiB head made
 // the server hold 384 MiB. The work connection passes through the gate
-// before frp has it, so the gate wraps it (guardWork): the tenant's answers
+// before frp has it, and the gate has the server wrap it (gate.Host's
+// WorkConn, guardWork): the tenant's answers
 // are followed through their HTTP/1.1 framing, and each head is held back
 // until it has ended within proxy.MaxHeadBytes and proxy.MaxHeadFields. A
 // head beyond them never reaches frp: frp reads a 502 of tether's instead,
@@ -50,14 +52,13 @@ const maxGuardedRequestHead = 2*maxEntryHeaderBytes + 16<<10
 
 // guardWork wraps a stock frpc's work connection, whose opening the gate
 // read, for frp (see above): what follows the opening is read through the
-// guard (op.rest), and frp writes through it. op.v2 tells frp's wire
-// protocol, which frames the message frp writes first.
-func (f *embeddedFRP) guardWork(stream net.Conn, op *opening) net.Conn {
-	g := &workGuard{Conn: stream, mark: f.mark, msgHeader: v1HeaderSize, reqPhase: phaseMessage}
-	if op.v2 {
-		g.msgHeader = v2HeaderSize
+// guard, and frp writes through it. v2 tells frp's wire protocol, which
+// frames the message frp writes first.
+func (f *embeddedFRP) guardWork(stream net.Conn, v2 bool) net.Conn {
+	g := &workGuard{Conn: stream, mark: f.mark, msgHeader: tunnel.MessageHeaderSize, reqPhase: phaseMessage}
+	if v2 {
+		g.msgHeader = tunnel.FrameHeaderSize
 	}
-	op.rest = g
 	return g
 }
 
@@ -154,7 +155,7 @@ func (g *workGuard) followMessage(p []byte) int {
 		if len(g.reqBuf) < g.msgHeader {
 			return n
 		}
-		if g.msgHeader == v2HeaderSize {
+		if g.msgHeader == tunnel.FrameHeaderSize {
 			g.reqLeft = int64(binary.BigEndian.Uint32(g.reqBuf[4:8]))
 		} else {
 			g.reqLeft = int64(binary.BigEndian.Uint64(g.reqBuf[1:9])) //nolint:gosec // frp's own length
@@ -345,8 +346,8 @@ func (g *workGuard) refuse(err error) {
 // so its stream is reset rather than closed, which would leave it taking
 // the rest (a megabyte head) until frpc closes its end.
 func (g *workGuard) end() {
-	if cs, ok := g.Conn.(*clientStream); ok {
-		resetStream(cs.Stream)
+	if s, ok := g.Conn.(interface{ Reset() }); ok { // a gate.Stream
+		s.Reset()
 	}
 	_ = g.Close()
 }

@@ -38,9 +38,8 @@ func (s *guardedService) dial(context.Context, string, string) (net.Conn, error)
 	frpEnd, serviceEnd := net.Pipe()
 	s.wg.Go(func() { s.serve(serviceEnd) })
 	// As the gate hands frp a work connection: its opening, read, then
-	// replayed to frp ahead of the rest.
-	op := &opening{Msg: &msg.NewWorkConn{RunID: "run"}, v2: s.v2, rest: frpEnd}
-	conn, err := op.replay(s.f.guardWork(frpEnd, op))
+	// replayed to frp ahead of the rest, which passes the guard.
+	conn, err := replayed(&msg.NewWorkConn{RunID: "run"}, s.v2, s.f.guardWork(frpEnd, s.v2))
 	if err != nil {
 		return nil, err
 	}
@@ -68,6 +67,37 @@ func (s *guardedService) dial(context.Context, string, string) (net.Conn, error)
 	}
 	return conn, nil
 }
+
+// replayed is conn with opening, in frp's v1 or v2 encoding, ahead of what
+// conn reads.
+func replayed(opening msg.Message, v2 bool, conn net.Conn) (net.Conn, error) {
+	var b bytes.Buffer
+	if !v2 {
+		if err := msg.WriteMsg(&b, opening); err != nil {
+			return nil, err
+		}
+	} else {
+		frame, err := msg.EncodeV2MessageFrame(opening)
+		if err != nil {
+			return nil, err
+		}
+		if err := wire.WriteMagic(&b); err != nil {
+			return nil, err
+		}
+		if err := wire.NewConn(&b).WriteFrame(frame); err != nil {
+			return nil, err
+		}
+	}
+	return &replayConn{Conn: conn, r: io.MultiReader(&b, conn)}, nil
+}
+
+// replayConn is a connection whose reads come from r.
+type replayConn struct {
+	net.Conn
+	r io.Reader
+}
+
+func (c *replayConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 func (s *guardedService) serve(c net.Conn) {
 	defer c.Close()

@@ -1,4 +1,4 @@
-package server
+package gate
 
 import (
 	"encoding/binary"
@@ -6,6 +6,8 @@ import (
 	"net"
 	"sync/atomic"
 	"time"
+
+	"go.uber.org/zap"
 )
 
 // The gate's limits: what a connection that has not logged in (anonymous)
@@ -18,32 +20,32 @@ import (
 // MaxAnonymous, MaxAnonymousPerIP and the per-network cap, or closed at
 // once, before TLS; at MaxAnonymous the stalest anonymous connection makes
 // room, see anonymousSlots) → its first byte within firstByteTimeout → TLS
-// (or wss) handshake within handshakeTimeout → one stream whose first frp
+// (or wss) handshake within HandshakeTimeout → one stream whose first frp
 // message (the login, or a probe) arrives within loginOpeningTimeout and
-// is at most maxOpeningSize → the login verified within LoginTimeout. All
-// the while it may send at most loginBudget bytes. Once the login is
+// is at most MaxOpeningSize → the login verified within LoginTimeout. All
+// the while it may send at most LoginBudget bytes. Once the login is
 // verified the connection is a tunnel's session: it leaves the anonymous
-// slots, and only maxClientStreams and the ping rate still apply.
+// slots, and only MaxClientStreams and the ping rate still apply.
 const (
-	// defaultMaxAnonymous bounds the connections that have not logged in,
+	// DefaultMaxAnonymous bounds the connections that have not logged in,
 	// on the whole server: it is what bounds their memory (each at most
-	// anonymousConnMemory, so 1024 of them at most 160 MiB). A reconnect
+	// AnonymousConnMemory, so 1024 of them at most 160 MiB). A reconnect
 	// storm does not need more: a legitimate connection is anonymous for a
 	// TLS handshake and one login round trip, a few milliseconds, and one
 	// refused at the cap costs the server an accept and a close, and its
 	// client retries after a jittered backoff (200 ms, doubling). While a
 	// storm exceeds what the CPUs can handshake, refusing the excess at
 	// once serves the rest sooner than queueing everyone into timeouts.
-	defaultMaxAnonymous = 1024
-	// defaultMaxAnonymousPerIP bounds the anonymous connections from one
+	DefaultMaxAnonymous = 1024
+	// DefaultMaxAnonymousPerIP bounds the anonymous connections from one
 	// source address (one /64 for IPv6), so one address cannot take all of
-	// defaultMaxAnonymous. 64 lets 64 runtimes behind one NAT address
+	// DefaultMaxAnonymous. 64 lets 64 runtimes behind one NAT address
 	// handshake at the same instant; more behind it still get in, a few
 	// milliseconds later. Behind a load balancer that hides client
 	// addresses (a Kubernetes Service with externalTrafficPolicy: Cluster)
 	// every client shares a node's address: raise --max-anonymous-per-ip
 	// there, or keep client addresses.
-	defaultMaxAnonymousPerIP = 64
+	DefaultMaxAnonymousPerIP = 64
 
 	// firstByteTimeout bounds the wait for a connection's first byte (the
 	// ClientHello, or frp's 0x17 before it). A client sends it as soon as
@@ -51,11 +53,11 @@ const (
 	// within 3 s when the path loses it twice (TCP retransmits after 1 s,
 	// then 2 s more). Until then the connection is a bare TCP connect,
 	// which costs its sender nothing to hold: the rest of
-	// handshakeTimeout would let 1,024 slots be held with 100 connects a
+	// HandshakeTimeout would let 1,024 slots be held with 100 connects a
 	// second.
 	firstByteTimeout = 5 * time.Second
 
-	// loginBudget bounds the bytes a connection may send before its login
+	// LoginBudget bounds the bytes a connection may send before its login
 	// is verified, counted on the TCP connection: the TLS handshake, the
 	// wss upgrade, yamux frames and the login. The largest login is about
 	// 6 KiB and a handshake about 2 KiB, so 32 KiB leaves room to spare
@@ -65,20 +67,20 @@ const (
 	// on every stream, and it allocates a data frame's announced length
 	// before the data arrives: muxGuard refuses an announcement larger
 	// than the budget left.
-	loginBudget = 32 << 10
-	// maxOpeningSize bounds a stream's first frp message, the only message
+	LoginBudget = 32 << 10
+	// MaxOpeningSize bounds a stream's first frp message, the only message
 	// the gate reads, and is checked in the frame header before the frame
 	// is allocated. It is frp's own bound for a v1 message, so every
 	// opening frp could read still passes; the largest login a tether
 	// client sends (32 routes with long upstream names, a token with long
 	// claims) is about 6 KiB.
-	maxOpeningSize = frpMaxV1Message
+	MaxOpeningSize = frpMaxV1Message
 	// loginOpeningTimeout is how long after the handshake a connection
 	// has to deliver its first message: the login or probe a client sends
 	// at once (or half of LoginTimeout, if that is shorter).
 	loginOpeningTimeout = 5 * time.Second
 
-	// maxClientStreams bounds the streams a logged-in client has open at
+	// MaxClientStreams bounds the streams a logged-in client has open at
 	// once. A tether client opens one, its control stream: the server
 	// opens the streams that carry requests. A stock frpc opens its control
 	// stream and a work connection per request in flight through frp's
@@ -86,18 +88,18 @@ const (
 	// bound), so 256 leaves a busy frpc tunnel room for 250 concurrent
 	// requests, long polls and websockets while bounding what one token
 	// can hold open.
-	maxClientStreams = 256
+	MaxClientStreams = 256
 
 	// yamux answers each ping from a goroutine of its own, which waits up
 	// to the connection write timeout when the client does not read: pings
-	// beyond pingBurst, refilled at pingRate per second, close the session.
+	// beyond PingBurst, refilled at pingRate per second, close the session.
 	// A tether client pings every two thirds of its heartbeat timeout, at
 	// most every 2s (tunnel.KeepAlive); frpc every 30s.
-	pingBurst = 32
+	PingBurst = 32
 	pingRate  = 2
 )
 
-// anonymousConnMemory is the most memory (heap and stacks) one anonymous
+// AnonymousConnMemory is the most memory (heap and stacks) one anonymous
 // connection can make the server hold, whatever it sends: the login budget
 // held in TLS, yamux and opening buffers or announced in a yamux frame,
 // plus the connection's goroutines and state. TestAnonymousFloodMemory
@@ -105,7 +107,7 @@ const (
 // ClientHello (which TLS keeps buffers for) and then a yamux frame
 // announcing the rest of the budget, holds about 100 KiB (130 KiB with the
 // race detector).
-const anonymousConnMemory = 160 << 10
+const AnonymousConnMemory = 160 << 10
 
 // limitError is a limit a client went over; the gate closes its session.
 // Reason is the metric label, a fixed set.
@@ -119,26 +121,26 @@ func (e *limitError) Error() string { return e.detail }
 // Reasons for closing a session at a limit (label values of
 // tether_sessions_closed_by_limit_total).
 const (
-	limitLoginBudget       = "login_budget"
-	limitStreamBeforeLogin = "stream_before_login"
-	limitStreams           = "streams"
-	limitPings             = "pings"
-	limitNoLogin           = "no_login"
-	limitLoginTimeout      = "login_timeout"
+	LimitLoginBudget       = "login_budget"
+	LimitStreamBeforeLogin = "stream_before_login"
+	LimitStreams           = "streams"
+	LimitPings             = "pings"
+	LimitNoLogin           = "no_login"
+	LimitLoginTimeout      = "login_timeout"
 	// The anonymous connection's first byte did not come within
 	// firstByteTimeout.
-	limitFirstByte = "first_byte"
+	LimitFirstByte = "first_byte"
 	// The anonymous connection was evicted to make room for a new one
 	// (anonymousSlots).
-	limitEvicted = "evicted"
+	LimitEvicted = "evicted"
 )
 
 // Reasons for refusing a connection at accept (label values of
 // tether_connections_refused_total).
 const (
-	refusedAnonymous          = "anonymous"
-	refusedAnonymousPerIP     = "anonymous_per_ip"
-	refusedAnonymousPerSubnet = "anonymous_per_subnet"
+	RefusedAnonymous          = "anonymous"
+	RefusedAnonymousPerIP     = "anonymous_per_ip"
+	RefusedAnonymousPerSubnet = "anonymous_per_subnet"
 )
 
 // connLimits are the limits of one connection: what it may still send
@@ -176,8 +178,8 @@ func (l *connLimits) trip(lim *limitError) *limitError {
 }
 
 func (l *connLimits) overBudget() *limitError {
-	return l.trip(&limitError{reason: limitLoginBudget,
-		detail: fmt.Sprintf("sent more than %d bytes before logging in", loginBudget)})
+	return l.trip(&limitError{reason: LimitLoginBudget,
+		detail: fmt.Sprintf("sent more than %d bytes before logging in", LoginBudget)})
 }
 
 // budgetConn charges what is read from the TCP connection to the login
@@ -287,13 +289,13 @@ func (g *muxGuard) frame() *limitError {
 		}
 	case muxTypePing:
 		if flags&muxFlagSYN != 0 && !g.pings.allow(time.Now()) {
-			return g.limits.trip(&limitError{reason: limitPings,
-				detail: fmt.Sprintf("pinged more than %d times at once or %d times a second", pingBurst, pingRate)})
+			return g.limits.trip(&limitError{reason: LimitPings,
+				detail: fmt.Sprintf("pinged more than %d times at once or %d times a second", PingBurst, pingRate)})
 		}
 	}
 	if (typ == muxTypeData || typ == muxTypeWindowUpd) && flags&muxFlagSYN != 0 {
 		if g.syns++; anonymous && g.syns > 1 {
-			return g.limits.trip(&limitError{reason: limitStreamBeforeLogin,
+			return g.limits.trip(&limitError{reason: LimitStreamBeforeLogin,
 				detail: "opened a second stream before its login was verified"})
 		}
 		if g.opening != nil {
@@ -303,7 +305,7 @@ func (g *muxGuard) frame() *limitError {
 	return nil
 }
 
-// pingLimiter is a token bucket of pingBurst pings, refilled at pingRate.
+// pingLimiter is a token bucket of PingBurst pings, refilled at pingRate.
 type pingLimiter struct {
 	tokens float64
 	last   time.Time
@@ -311,9 +313,9 @@ type pingLimiter struct {
 
 func (l *pingLimiter) allow(now time.Time) bool {
 	if l.last.IsZero() {
-		l.tokens = pingBurst
+		l.tokens = PingBurst
 	} else {
-		l.tokens = min(pingBurst, l.tokens+now.Sub(l.last).Seconds()*pingRate)
+		l.tokens = min(PingBurst, l.tokens+now.Sub(l.last).Seconds()*pingRate)
 	}
 	l.last = now
 	if l.tokens < 1 {
@@ -321,4 +323,17 @@ func (l *pingLimiter) allow(now time.Time) bool {
 	}
 	l.tokens--
 	return true
+}
+
+// closeAtLimit closes a session that went over lim, and counts and logs it
+// unless the session had already ended.
+func (g *Gate) closeAtLimit(sess *Session, lim *limitError) {
+	if sess.setCloseReason(lim.detail) {
+		g.obs.SessionLimited(lim.reason)
+		// One message per reason, so that a flood of one kind does not
+		// hide another from the sampled log.
+		g.cfg.FloodLog.Warn("tunnel connection closed at a limit: "+lim.reason, zap.String("client_address", sess.remoteAddr),
+			zap.String("tunnel", sess.Tunnel()), zap.String("detail", lim.detail))
+	}
+	sess.Close(lim.detail)
 }

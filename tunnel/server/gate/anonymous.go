@@ -1,4 +1,4 @@
-package server
+package gate
 
 import (
 	"net"
@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/tether-dev/tether/internal/source"
 )
 
 // anonymousSlots counts the connections that have not logged in: in total,
@@ -41,7 +43,7 @@ type anonymousSlots struct {
 	unknown  int              // of held, those of addresses not known when they came
 	byIP     map[netip.Addr]int
 	bySubnet map[netip.Addr]int
-	// known are the addresses (sourceKey) of clients logged in now or
+	// known are the addresses (source.Key) of clients logged in now or
 	// within knownClientFor, at most maxKnownClients of them.
 	known     map[netip.Addr]knownClient
 	lastSweep time.Time
@@ -56,20 +58,20 @@ type knownClient struct {
 
 // The anonymous slots' shares. See anonymousSlots.
 const (
-	// subnetShare times MaxAnonymousPerIP is the cap on anonymous
+	// SubnetShare times MaxAnonymousPerIP is the cap on anonymous
 	// connections from one IPv4 /24 or IPv6 /48, the block a single
 	// hosting customer gets: an attacker with a block of addresses has
 	// four addresses' worth, not a /24's 256 times the per-address cap.
 	// It follows --max-anonymous-per-ip, so that raising that for a load
 	// balancer that hides client addresses (all of them then in the
 	// nodes' network) raises both.
-	subnetShare = 4
-	// reservedDivisor: MaxAnonymous / reservedDivisor slots (256 of the
+	SubnetShare = 4
+	// ReservedDivisor: MaxAnonymous / ReservedDivisor slots (256 of the
 	// default 1024) are kept for known addresses. A client is anonymous
 	// for a TLS handshake and one login round trip, a few milliseconds:
 	// 256 at once readmit thousands of clients a second, more than the
 	// CPUs can handshake.
-	reservedDivisor = 4
+	ReservedDivisor = 4
 	// evictableSilence is how long a client must have kept its connection
 	// waiting before the connection may be evicted: a round trip is
 	// under a second on any path, and over a lossy one TCP retransmits a
@@ -91,7 +93,7 @@ const (
 
 func newAnonymousSlots(maxTotal, perIP int) *anonymousSlots {
 	return &anonymousSlots{
-		max: maxTotal, perIP: perIP, perSubnet: subnetShare * perIP, reserved: maxTotal / reservedDivisor,
+		max: maxTotal, perIP: perIP, perSubnet: SubnetShare * perIP, reserved: maxTotal / ReservedDivisor,
 		silence: evictableSilence,
 		byIP:    make(map[netip.Addr]int), bySubnet: make(map[netip.Addr]int), known: make(map[netip.Addr]knownClient),
 	}
@@ -101,15 +103,15 @@ func newAnonymousSlots(maxTotal, perIP int) *anonymousSlots {
 // may not have one. When the slots are full for conn it evicts a
 // connection (victim) to make room: the caller closes it.
 func (a *anonymousSlots) acquire(conn net.Conn, now time.Time) (slot, victim *anonymousSlot, refused string) {
-	ip := sourceKey(conn.RemoteAddr())
-	subnet := subnetKey(ip)
+	ip := source.KeyOf(conn.RemoteAddr())
+	subnet := source.Network(ip)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.byIP[ip] >= a.perIP {
-		return nil, nil, refusedAnonymousPerIP
+		return nil, nil, RefusedAnonymousPerIP
 	}
 	if a.bySubnet[subnet] >= a.perSubnet {
-		return nil, nil, refusedAnonymousPerSubnet
+		return nil, nil, RefusedAnonymousPerSubnet
 	}
 	known := a.isKnown(ip, now)
 	if len(a.held) >= a.max || !known && a.unknown >= a.max-a.reserved {
@@ -118,7 +120,7 @@ func (a *anonymousSlots) acquire(conn net.Conn, now time.Time) (slot, victim *an
 			victim = a.stalest(true, a.byIP[ip]+2, now)
 		}
 		if victim == nil {
-			return nil, nil, refusedAnonymous
+			return nil, nil, RefusedAnonymous
 		}
 		a.releaseLocked(victim)
 	}
@@ -221,40 +223,6 @@ func (a *anonymousSlots) clientOut(ip netip.Addr, now time.Time) {
 	k.live = max(k.live-1, 0)
 	k.last = now.UnixNano()
 	a.known[ip] = k
-}
-
-// addrOf is the IP address of a TCP peer, IPv4 unmapped; the zero Addr
-// for anything else.
-func addrOf(remote net.Addr) netip.Addr {
-	ta, ok := remote.(*net.TCPAddr)
-	if !ok {
-		return netip.Addr{}
-	}
-	return ta.AddrPort().Addr().Unmap()
-}
-
-// sourceKey is what the per-address caps count by: the IPv4 address, or
-// the /64 of an IPv6 address (one subscriber's or one host's prefix).
-func sourceKey(remote net.Addr) netip.Addr { return addressKey(addrOf(remote)) }
-
-// addressKey is sourceKey of an address.
-func addressKey(ip netip.Addr) netip.Addr {
-	if ip.Is6() {
-		p, _ := ip.Prefix(64)
-		return p.Addr()
-	}
-	return ip
-}
-
-// subnetKey is the network of a sourceKey the per-network cap counts by:
-// an IPv4 /24, an IPv6 /48.
-func subnetKey(ip netip.Addr) netip.Addr {
-	bits := 24
-	if ip.Is6() {
-		bits = 48
-	}
-	p, _ := ip.Prefix(bits)
-	return p.Addr()
 }
 
 // anonymousSlot is one connection's place among the anonymous ones. A nil

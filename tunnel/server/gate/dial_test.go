@@ -1,10 +1,8 @@
-package server
+package gate
 
 import (
 	"errors"
 	"io"
-	"net/http"
-	"net/http/httptest"
 	"runtime"
 	"testing"
 	"time"
@@ -80,38 +78,6 @@ func waitClosed(t *testing.T, ch <-chan struct{}, what string) {
 	case <-ch:
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%s: still waiting after 10s", what)
-	}
-}
-
-// A request that no session could take, none of which received any of it,
-// is answered by whether the tunnel is still connected: 503 tunnel_down
-// when the sessions it tried have all ended (it came as the client died,
-// and is answered as one that came just after), 502 tunnel_disconnected
-// while one of them is still connected.
-func TestUnservedAnswerFollowsTheTriedSessions(t *testing.T) {
-	ts := startServer(t)
-	s := &serving{Server: ts.Server}
-	connected, _ := pipeSession(t)
-	ended, _ := pipeSession(t)
-	ended.Close("connection lost: closed")
-	for _, tc := range []struct {
-		name   string
-		tried  []*Session
-		status int
-		code   string
-	}{
-		{"no session tried", nil, http.StatusServiceUnavailable, "tunnel_down"},
-		{"its session ended under it", []*Session{ended}, http.StatusServiceUnavailable, "tunnel_down"},
-		{"a connected session failed under it", []*Session{ended, connected}, http.StatusBadGateway, "tunnel_disconnected"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			rec := httptest.NewRecorder()
-			req := httptest.NewRequest(http.MethodGet, "http://alpha."+testDomain+"/", nil)
-			s.answerUnserved(rec, req, "alpha", tc.tried, false)
-			if rec.Code != tc.status || rec.Header().Get("X-Tether-Error") != tc.code {
-				t.Errorf("answer %d %q (%s), want %d %s", rec.Code, rec.Header().Get("X-Tether-Error"), rec.Body, tc.status, tc.code)
-			}
-		})
 	}
 }
 

@@ -1,4 +1,4 @@
-package server
+package gate
 
 import (
 	"bytes"
@@ -73,7 +73,7 @@ func TestReadOpeningReplaysWhatItRead(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			in := append(bytes.Clone(tc.bytes), "rest of the stream"...)
 			r := bytes.NewReader(in)
-			op, err := readOpening(r, maxOpeningSize)
+			op, err := readOpening(r, MaxOpeningSize)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -95,7 +95,7 @@ func TestReadOpeningReplaysWhatItRead(t *testing.T) {
 	}
 }
 
-// headerOnly are openings whose header announces more than maxOpeningSize,
+// headerOnly are openings whose header announces more than MaxOpeningSize,
 // and nothing after the header.
 func headerOnly() map[string][]byte {
 	v1 := func(n int64) []byte {
@@ -110,11 +110,11 @@ func headerOnly() map[string][]byte {
 		return b
 	}
 	return map[string][]byte{
-		"v1 just over":   v1(maxOpeningSize + 1),
+		"v1 just over":   v1(MaxOpeningSize + 1),
 		"v1 64 KiB":      v1(64 << 10),
 		"v1 1 TiB":       v1(1 << 40),
 		"v1 negative":    v1(-1),
-		"v2 just over":   v2(maxOpeningSize + 1),
+		"v2 just over":   v2(MaxOpeningSize + 1),
 		"v2 64 KiB":      v2(64 << 10),
 		"v2 4 GiB":       v2(1<<32 - 1),
 		"v2 hello 1 MiB": []byte(wire.MagicV2 + "\x00\x01\x00\x00\x00\x10\x00\x00"),
@@ -126,7 +126,7 @@ func headerOnly() map[string][]byte {
 func TestReadOpeningRefusesLargeFramesFromTheHeader(t *testing.T) {
 	for name, in := range headerOnly() {
 		t.Run(name, func(t *testing.T) {
-			_, err := readOpening(bytes.NewReader(in), maxOpeningSize)
+			_, err := readOpening(bytes.NewReader(in), MaxOpeningSize)
 			if name == "v1 negative" {
 				if err == nil {
 					t.Fatal("a negative length was accepted")
@@ -136,7 +136,7 @@ func TestReadOpeningRefusesLargeFramesFromTheHeader(t *testing.T) {
 			if !errors.Is(err, errOpeningTooLarge) {
 				t.Fatalf("got %v, want %v", err, errOpeningTooLarge)
 			}
-			if alloc := allocated(func() { _, _ = readOpening(bytes.NewReader(in), maxOpeningSize) }); alloc > 4<<10 {
+			if alloc := allocated(func() { _, _ = readOpening(bytes.NewReader(in), MaxOpeningSize) }); alloc > 4<<10 {
 				t.Errorf("refusing the header allocated %d bytes, want at most 4 KiB", alloc)
 			}
 		})
@@ -159,9 +159,9 @@ func allocated(f func()) uint64 {
 }
 
 // maxOpeningAlloc bounds what reading one opening allocates: two frames of
-// at most maxOpeningSize (a v2 ClientHello and a message), copied once for
+// at most MaxOpeningSize (a v2 ClientHello and a message), copied once for
 // frp's decoder, and what JSON decoding makes of them.
-const maxOpeningAlloc = 24 * maxOpeningSize
+const maxOpeningAlloc = 24 * MaxOpeningSize
 
 // Whatever a client sends, reading its opening neither panics nor
 // allocates more than maxOpeningAlloc; what it accepts replays unchanged.
@@ -177,7 +177,7 @@ func FuzzReadOpening(f *testing.F) {
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var op *opening
 		var err error
-		if alloc := allocated(func() { op, err = readOpening(bytes.NewReader(in), maxOpeningSize) }); alloc > maxOpeningAlloc {
+		if alloc := allocated(func() { op, err = readOpening(bytes.NewReader(in), MaxOpeningSize) }); alloc > maxOpeningAlloc {
 			t.Fatalf("reading %d bytes allocated %d bytes, want at most %d", len(in), alloc, maxOpeningAlloc)
 		}
 		if err != nil {

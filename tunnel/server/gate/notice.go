@@ -1,4 +1,4 @@
-package server
+package gate
 
 import (
 	"time"
@@ -11,26 +11,26 @@ import (
 // noticeTimeout bounds sending one notice.
 const noticeTimeout = 10 * time.Second
 
-// notify tells a tether client something about its session (tunnel.Notice)
+// Notify tells a tether client something about its session (tunnel.Notice)
 // on a stream of its own, in the background: a login or a drain does not
 // wait for it. An old client that does not know notices closes the stream.
-func (s *serving) notify(sess *Session, kind string) {
-	n := tunnel.Notice{Kind: kind, Replica: s.cfg.ReplicaID, Session: sess.id,
-		Alone: kind == tunnel.NoticeHello && s.registry.Status().Backend == "memory"}
-	s.notices.Go(func() {
-		stream, err := sess.mux.OpenStream()
+// The notice's Session is set to the session's ID.
+func (s *Session) Notify(n tunnel.Notice) {
+	n.Session = s.id
+	s.gate.notices.Go(func() {
+		stream, err := s.mux.OpenStream()
 		if err != nil {
 			return // the session ended
 		}
-		if !sess.track(stream) {
+		if !s.track(stream) {
 			_ = stream.Close()
 			return
 		}
-		defer sess.untrack(stream)
+		defer s.untrack(stream)
 		defer func() { _ = stream.Close() }()
 		_ = stream.SetWriteDeadline(time.Now().Add(noticeTimeout))
 		if err := tunnel.WriteNotice(stream, n); err != nil {
-			sess.logger().Debug("send notice", zap.String("kind", kind), zap.Error(err))
+			s.Logger().Debug("send notice", zap.String("kind", n.Kind), zap.Error(err))
 		}
 	})
 }

@@ -1,4 +1,4 @@
-package server
+package gate
 
 import (
 	"errors"
@@ -53,7 +53,7 @@ func acceptWebsocket(conn net.Conn, log *zap.Logger) (net.Conn, error) {
 	ln := &oneConnListener{conn: &closeNotifyConn{Conn: conn, closed: make(chan struct{})}}
 	srv := &http.Server{
 		Handler:           mux,
-		ReadHeaderTimeout: handshakeTimeout,
+		ReadHeaderTimeout: HandshakeTimeout,
 		// Before login every byte a client makes the server hold counts
 		// against it (see limits.go); an upgrade request needs a few
 		// hundred bytes, net/http's default would allow 1 MB.
@@ -61,7 +61,7 @@ func acceptWebsocket(conn net.Conn, log *zap.Logger) (net.Conn, error) {
 		ErrorLog:       zap.NewStdLog(log.Named("wss")),
 	}
 	go func() { _ = srv.Serve(ln) }() // returns after its one connection; the handler outlives it
-	timer := time.NewTimer(handshakeTimeout)
+	timer := time.NewTimer(HandshakeTimeout)
 	defer timer.Stop()
 	select {
 	case c := <-accepted:

@@ -1,4 +1,4 @@
-package server
+package gate
 
 import (
 	"context"
@@ -15,7 +15,6 @@ import (
 
 	"github.com/hashicorp/yamux"
 
-	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel"
 )
 
@@ -34,16 +33,20 @@ const (
 	suspectFor = 10 * time.Second
 )
 
-// dial connects to addr, one of the tether client's upstreams, through the
+// Dial connects to addr, one of the tether client's upstreams, through the
 // client: it opens a stream, asks the client to connect, and returns the
 // stream once the client has. It is the session router's DialContext.
 //
 // A failure of the session itself (no stream, no answer to the dial and
-// none to a ping, the session ended) is a *sessionDialError: nothing of the
+// none to a ping, the session ended) is a *SessionError: nothing of the
 // request has reached the client, so the caller may send it through another
 // session. The client's own answers (refused, not found, ...) are errors of
 // the upstream, as a local dial's would be.
-func (s *Session) dial(ctx context.Context, _, addr string) (net.Conn, error) {
+//
+// The connection it returns reads nothing ahead (WaitReady waits for bytes
+// without taking them), and lets go of a large receive buffer as it goes
+// idle (Shrink): what proxy.ReadyWaiter and proxy.Shrinker ask.
+func (s *Session) Dial(ctx context.Context, _, addr string) (net.Conn, error) {
 	stream, err := s.mux.OpenStream()
 	if err != nil {
 		return nil, s.dialError("open a stream", err)
@@ -72,7 +75,7 @@ func (s *Session) dial(ctx context.Context, _, addr string) (net.Conn, error) {
 		return nil, s.dialError("dial "+addr, errors.New("no answer, and no answer to a ping"))
 	case err != nil:
 		fail()
-		if !s.alive() {
+		if !s.Alive() {
 			return nil, s.dialError("dial "+addr, err)
 		}
 		if ctx.Err() != nil {
@@ -139,38 +142,40 @@ func dialFailure(addr string, code tunnel.DialCode, msg string) error {
 	return &net.OpError{Op: "dial", Net: "tcp", Source: nil, Addr: nil, Err: cause}
 }
 
-// sessionDialError: a dial could not go through the session at all. The
+// SessionError is a dial that could not go through the session at all. The
 // request has not reached the client, so it may be sent through another
-// session; when there is none, the caller learns the tunnel disconnected.
-type sessionDialError struct {
+// session; when there is none, the caller learns the tunnel disconnected
+// (its Response).
+type SessionError struct {
 	tunnel, session, step string
 	err                   error
 }
 
-func (s *Session) dialError(step string, err error) *sessionDialError {
-	return &sessionDialError{tunnel: s.Tunnel(), session: s.id, step: step, err: err}
+func (s *Session) dialError(step string, err error) *SessionError {
+	return &SessionError{tunnel: s.Tunnel(), session: s.id, step: step, err: err}
 }
 
-func (e *sessionDialError) Error() string {
+func (e *SessionError) Error() string {
 	return fmt.Sprintf("tunnel %q session %s: %s: %v", e.tunnel, e.session, e.step, e.err)
 }
 
-func (e *sessionDialError) Unwrap() error { return e.err }
+func (e *SessionError) Unwrap() error { return e.err }
 
-// Response implements proxy.ResponseError.
-func (e *sessionDialError) Response() (int, string, string) {
-	return (&tunnelClosedError{tunnel: e.tunnel}).Response()
+// Response says how to answer the request (proxy.ResponseError).
+func (e *SessionError) Response() (int, string, string) {
+	return (&ClosedError{Tunnel: e.tunnel}).Response()
 }
 
-// tunnelClosedError: the tunnel's session ended under a request.
-type tunnelClosedError struct{ tunnel string }
+// ClosedError is the end of the tunnel's session under a request.
+type ClosedError struct{ Tunnel string }
 
-func (e *tunnelClosedError) Error() string { return fmt.Sprintf("tunnel %q disconnected", e.tunnel) }
+func (e *ClosedError) Error() string { return fmt.Sprintf("tunnel %q disconnected", e.Tunnel) }
 
-// Response implements proxy.ResponseError.
-func (e *tunnelClosedError) Response() (int, string, string) {
+// Response says how to answer the request (proxy.ResponseError): 502
+// tunnel_disconnected.
+func (e *ClosedError) Response() (int, string, string) {
 	return http.StatusBadGateway, "tunnel_disconnected",
-		fmt.Sprintf("tether: tunnel %q disconnected during the request; retry", e.tunnel)
+		fmt.Sprintf("tether: tunnel %q disconnected during the request; retry", e.Tunnel)
 }
 
 // notAllowedError: the client refused an upstream it does not route to,
@@ -181,8 +186,8 @@ func (e *notAllowedError) Error() string {
 	return fmt.Sprintf("the tunnel client refused to connect to %s: %s", e.addr, e.msg)
 }
 
-// Response implements proxy.ResponseError. The caller is not told the
-// address: the log has it.
+// Response says how to answer the request (proxy.ResponseError). The
+// caller is not told the address: the log has it.
 func (e *notAllowedError) Response() (int, string, string) {
 	return http.StatusBadGateway, "upstream_not_allowed",
 		"tether: the tunnel client refused to connect to the route's upstream: it is not one of its routes"
@@ -246,12 +251,7 @@ func (c *tunnelConn) Write(p []byte) (int, error) {
 	return n, c.explain(err)
 }
 
-var (
-	_ proxy.ReadyWaiter = (*tunnelConn)(nil)
-	_ proxy.Shrinker    = (*tunnelConn)(nil)
-)
-
-// Shrink implements proxy.Shrinker: the router calls it as the stream
+// Shrink lets go of the stream's receive buffer (proxy.Shrinker): the router calls it as the stream
 // becomes idle. A stream that received more than shrinkAbove since the last
 // time has yamux let go of its receive buffer (if it holds nothing unread);
 // a smaller one is kept, so that small responses do not allocate a new one
@@ -263,7 +263,7 @@ func (c *tunnelConn) Shrink() {
 	}
 }
 
-// WaitReady implements proxy.ReadyWaiter: a yamux stream's Read into
+// WaitReady waits until the stream has bytes to read (proxy.ReadyWaiter): a yamux stream's Read into
 // nothing returns once the stream has bytes to read, or has failed.
 func (c *tunnelConn) WaitReady() { _, _ = c.stream.Read(nil) }
 
@@ -273,7 +273,7 @@ func (c *tunnelConn) explain(err error) error {
 	}
 	select {
 	case <-c.sess.Done():
-		return &tunnelClosedError{tunnel: c.sess.Tunnel()}
+		return &ClosedError{Tunnel: c.sess.Tunnel()}
 	default:
 		return err
 	}

@@ -1,4 +1,4 @@
-package server
+package gate
 
 import (
 	"bufio"
@@ -41,7 +41,7 @@ func TestWebsocketUpgradeAtTheDeadlineLeaksNothing(t *testing.T) {
 			}
 			// The server's answer is read exactly when its handshake
 			// times out.
-			time.Sleep(handshakeTimeout)
+			time.Sleep(HandshakeTimeout)
 			if resp, err := http.ReadResponse(bufio.NewReader(client), req); err == nil {
 				resp.Body.Close()
 			}

@@ -1,4 +1,4 @@
-package server
+package gate
 
 import (
 	"bytes"
@@ -41,7 +41,7 @@ const v1HeaderSize = tunnel.MessageHeaderSize
 const frpMaxV1Message = tunnel.MaxMessageSize
 
 // v2 framing (frp pkg/proto/wire): type uint16, flags uint16, length uint32.
-const v2HeaderSize = 8
+const v2HeaderSize = tunnel.FrameHeaderSize
 
 // readOpening reads the first frp message from a client stream, in either
 // wire protocol, allocating no frame larger than limit bytes: the lengths
