@@ -49,10 +49,10 @@ func (s *serving) adminHandler() http.Handler {
 }
 
 func (s *serving) listTunnels(w http.ResponseWriter, _ *http.Request) {
-	sessions := s.sessions.list()
+	sessions := s.members.list()
 	list := make([]Info, 0, len(sessions))
 	for _, m := range sessions {
-		info := m.info()
+		info := s.members.info(m)
 		info.Replica = s.cfg.ReplicaID
 		list = append(list, info)
 	}

@@ -68,7 +68,7 @@ func BenchmarkPick(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		if s.sessions.pick("alpha", false, nil) == nil {
+		if s.members.pick("alpha", false, nil) == nil {
 			b.Fatal("no session")
 		}
 	}

@@ -40,7 +40,7 @@ const (
 func (s *serving) drain(entrySrv, peerSrv *http.Server) {
 	s.draining.Store(true)
 	deadline := time.Now().Add(s.cfg.ShutdownTimeout)
-	s.log.Info("draining", zap.Duration("timeout", s.cfg.ShutdownTimeout), zap.Int("sessions", len(s.sessions.list())))
+	s.log.Info("draining", zap.Duration("timeout", s.cfg.ShutdownTimeout), zap.Int("sessions", len(s.members.list())))
 	if s.registry.Status().Backend != "memory" { // there may be replicas to move to
 		s.moveClients(deadline)
 	}
@@ -89,7 +89,7 @@ func (s *serving) closeUnusedWhile(shutdowns *sync.WaitGroup) {
 // sessions that cannot move are, or at half the time to deadline: the
 // other half is for in-flight requests.
 func (s *serving) moveClients(deadline time.Time) {
-	for _, m := range s.sessions.list() {
+	for _, m := range s.members.list() {
 		if !m.sess.Stock() {
 			m.sess.Notify(tunnel.Notice{Kind: tunnel.NoticeMove, Replica: s.cfg.ReplicaID})
 		}
@@ -100,11 +100,11 @@ func (s *serving) moveClients(deadline time.Time) {
 	defer t.Stop()
 	for {
 		waiting := false
-		for _, name := range s.sessions.tunnelNames() {
-			sessions := s.sessions.sessionsOf(name)
+		for _, name := range s.members.tunnelNames() {
+			sessions := s.members.sessionsOf(name)
 			at, retired := retiredAt[name]
 			if !retired && len(s.registry.Holders(name)) > 0 {
-				s.sessions.retire(name)
+				s.members.retire(name)
 				retiredAt[name], at, retired = time.Now(), time.Now(), true
 				s.log.Info("tunnel moved to another replica; its sessions here close once their requests end",
 					zap.String("tunnel", name), zap.Int("sessions", len(sessions)))
@@ -120,7 +120,7 @@ func (s *serving) moveClients(deadline time.Time) {
 					sess.Close("moved to another replica")
 					continue
 				}
-				s.sessions.closeIdle(sess)
+				s.members.closeIdle(sess)
 				waiting = true
 			}
 		}

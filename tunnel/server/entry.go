@@ -81,7 +81,7 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 	for {
 		holders := without(s.registry.Holders(name), passed)
 		// A session a drain retired still serves when nothing else can.
-		if m := s.sessions.pick(name, fromPeer || len(holders) == 0, tried); m != nil {
+		if m := s.members.pick(name, fromPeer || len(holders) == 0, tried); m != nil {
 			if s.serveBy(m, w, r, body) {
 				return
 			}
@@ -133,7 +133,7 @@ func (s *serving) waitServed(ctx context.Context, name string, passed []string) 
 	}
 	t := time.NewTicker(holderPoll)
 	defer t.Stop()
-	for !s.sessions.serves(name) && len(without(s.registry.Holders(name), passed)) == 0 {
+	for !s.members.serves(name) && len(without(s.registry.Holders(name), passed)) == 0 {
 		select {
 		case <-ctx.Done():
 			return
@@ -183,7 +183,7 @@ func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name st
 // false when the session failed before any of the request reached it, so
 // that another session may take it.
 func (s *serving) serveBy(m *member, w *proxy.StatusWriter, r *http.Request, body *guardedBody) bool {
-	h, ok := m.serving()
+	h, ok := s.members.handler(m)
 	if !ok {
 		return false
 	}

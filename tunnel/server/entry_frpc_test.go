@@ -107,7 +107,7 @@ transport.proxyProtocolVersion = %[5]q
 			_ = cmd.Process.Kill()
 			<-exited
 			testutil.WaitFor(t, 10*time.Second, func() error {
-				if _, ok := s.sessions.lookup(name); ok {
+				if _, ok := s.members.lookup(name); ok {
 					return fmt.Errorf("tunnel %s still has a session", name)
 				}
 				return nil

@@ -21,7 +21,6 @@ import (
 
 	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel"
-	"github.com/tether-dev/tether/tunnel/server/gate"
 )
 
 // embeddedFRP is the frp server inside tether: it runs the control protocol
@@ -142,13 +141,6 @@ func newFRPService(cfg *v1.ServerConfig) (*frpserver.Service, error) {
 	}
 	return frpserver.NewService(cfg)
 }
-
-// HandOver gives frp a stream the gate admitted (gate.Host).
-func (s *serving) HandOver(_ *gate.Session, conn net.Conn) bool { return s.frp.conns.Push(conn) }
-
-// WorkConn puts the guard on a stock frpc's work connection (gate.Host):
-// see workguard.go.
-func (s *serving) WorkConn(stream gate.Stream, v2 bool) net.Conn { return s.frp.guardWork(stream, v2) }
 
 // Close stops frp: no more streams, every control closed.
 func (f *embeddedFRP) Close() {

@@ -27,7 +27,7 @@ func TestHostileClientsCannotTouchAnotherTunnel(t *testing.T) {
 	}
 
 	t.Run("login naming another tunnel's run ID", func(t *testing.T) {
-		alpha, ok := s.sessions.lookup("alpha")
+		alpha, ok := s.members.lookup("alpha")
 		if !ok {
 			t.Fatal("tunnel alpha has no session")
 		}
@@ -50,7 +50,7 @@ func TestHostileClientsCannotTouchAnotherTunnel(t *testing.T) {
 		if resp, _ := c.login(s.keys.token(t, "beta", time.Hour), ""); resp.Error != "" {
 			t.Fatalf("login of beta: %s", resp.Error)
 		}
-		alpha, ok := s.sessions.lookup("alpha")
+		alpha, ok := s.members.lookup("alpha")
 		if !ok {
 			t.Fatal("tunnel alpha has no session")
 		}
@@ -91,7 +91,7 @@ func TestHostileClientsCannotTouchAnotherTunnel(t *testing.T) {
 		if !c.refused(&msg.Login{Metas: map[string]string{"token": s.keys.token(t, "alpha", time.Hour)}}) {
 			t.Fatal("a second login on a logged-in connection was not refused")
 		}
-		if sess, ok := s.sessions.lookup("alpha"); !ok || sess.CloseReason() != "" {
+		if sess, ok := s.members.lookup("alpha"); !ok || sess.CloseReason() != "" {
 			t.Fatal("tunnel alpha lost its session")
 		}
 		healthy(t)
@@ -122,7 +122,7 @@ func TestNewLoginReplacesSessionAtOnce(t *testing.T) {
 	if resp, _ := first.login(s.keys.token(t, "alpha", time.Hour), "0f3a9c21-0"); resp.Error != "" || resp.RunID != "alpha.0f3a9c21-0" {
 		t.Fatalf("first login: error %q, run ID %q; want alpha.0f3a9c21-0", resp.Error, resp.RunID)
 	}
-	old, ok := s.sessions.lookup("alpha")
+	old, ok := s.members.lookup("alpha")
 	if !ok {
 		t.Fatal("first login did not register tunnel alpha")
 	}
@@ -131,7 +131,7 @@ func TestNewLoginReplacesSessionAtOnce(t *testing.T) {
 	if resp, _ := other.login(s.keys.token(t, "alpha", time.Hour), "0f3a9c21-1"); resp.Error != "" {
 		t.Fatalf("login with another run ID: %s", resp.Error)
 	}
-	if len(s.sessions.sessionsOf("alpha")) != 2 || old.CloseReason() != "" {
+	if len(s.members.sessionsOf("alpha")) != 2 || old.CloseReason() != "" {
 		t.Fatalf("a login with another run ID replaced the first session (%q)", old.CloseReason())
 	}
 
@@ -148,7 +148,7 @@ func TestNewLoginReplacesSessionAtOnce(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the replaced session is still open")
 	}
-	if list := s.sessions.sessionsOf("alpha"); len(list) != 2 || slices.Contains(list, old) {
+	if list := s.members.sessionsOf("alpha"); len(list) != 2 || slices.Contains(list, old) {
 		t.Fatalf("tunnel alpha's sessions after the replacement: %d, the old one among them: %v", len(list), slices.Contains(list, old))
 	}
 	if got := testutil.ToFloat64(s.metrics.sessionsReplaced); got != 1 {
@@ -178,7 +178,7 @@ func TestSessionEndsWhenTokenExpires(t *testing.T) {
 	if resp, _ := c.login(s.keys.token(t, "alpha", 2*time.Second), ""); resp.Error != "" {
 		t.Fatalf("login: %s", resp.Error)
 	}
-	sess, ok := s.sessions.lookup("alpha")
+	sess, ok := s.members.lookup("alpha")
 	if !ok {
 		t.Fatal("tunnel alpha not registered")
 	}
@@ -191,7 +191,7 @@ func TestSessionEndsWhenTokenExpires(t *testing.T) {
 		t.Errorf("close reason %q, want %q", got, "token expired")
 	}
 	wait.WaitFor(t, 5*time.Second, func() error {
-		if _, ok := s.sessions.lookup("alpha"); ok {
+		if _, ok := s.members.lookup("alpha"); ok {
 			return fmt.Errorf("tunnel alpha still registered")
 		}
 		return nil

@@ -81,8 +81,8 @@ func (s *testServer) waitSessions(t testing.TB, name string, n int) []*member {
 	var serving []*member
 	testutil.WaitFor(t, 10*time.Second, func() error {
 		serving = nil
-		for _, m := range s.sessions.list() {
-			if _, ok := m.serving(); ok && m.sess.Tunnel() == name {
+		for _, m := range s.members.list() {
+			if _, ok := s.members.handler(m); ok && m.sess.Tunnel() == name {
 				serving = append(serving, m)
 			}
 		}
@@ -184,7 +184,7 @@ func TestRequestsSpreadOverSessions(t *testing.T) {
 		}
 	}
 	for _, m := range sessions {
-		if n := m.info().Requests; n < 5 {
+		if n := s.members.info(m).Requests; n < 5 {
 			t.Errorf("session %s served %d of 20 requests, want them spread over both", m.sess.ID(), n)
 		}
 	}
@@ -214,7 +214,7 @@ func (s *testServer) twoSessionsOneRelayed(t *testing.T, name, upstream string) 
 func (s *testServer) waitGone(t *testing.T, m *member, what string) {
 	t.Helper()
 	testutil.WaitFor(t, 10*time.Second, func() error {
-		if slices.Contains(s.sessions.sessionsOf(m.sess.Tunnel()), m.sess) {
+		if slices.Contains(s.members.sessionsOf(m.sess.Tunnel()), m.sess) {
 			return fmt.Errorf("the %s session is still listed", what)
 		}
 		return nil
@@ -540,7 +540,7 @@ func TestDrainMovesClientsWithoutLosingRequests(t *testing.T) {
 	lb := newBalancer(t, a.tunnel, b.tunnel)
 	b.runClient(t, "alpha", lb.addr(), 1, backend(t, "alpha").URL)
 	testutil.WaitFor(t, 10*time.Second, func() error {
-		if len(a.sessions.sessionsOf("alpha"))+len(b.sessions.sessionsOf("alpha")) != 1 {
+		if len(a.members.sessionsOf("alpha"))+len(b.members.sessionsOf("alpha")) != 1 {
 			return errors.New("alpha has no session yet")
 		}
 		return nil
@@ -548,7 +548,7 @@ func TestDrainMovesClientsWithoutLosingRequests(t *testing.T) {
 	// Drain the replica that holds the session; requests go through the
 	// other, which forwards them until the session has moved to it.
 	holder, other := a, b
-	if len(b.sessions.sessionsOf("alpha")) == 1 {
+	if len(b.members.sessionsOf("alpha")) == 1 {
 		holder, other = b, a
 	}
 	other.waitHolders(t, "alpha", 1)
@@ -586,7 +586,7 @@ func TestDrainMovesClientsWithoutLosingRequests(t *testing.T) {
 	stopped := make(chan struct{})
 	go func() { holder.stop(); close(stopped) }()
 	testutil.WaitFor(t, 10*time.Second, func() error {
-		if len(other.sessions.sessionsOf("alpha")) != 1 || len(holder.sessions.sessionsOf("alpha")) != 0 {
+		if len(other.members.sessionsOf("alpha")) != 1 || len(holder.members.sessionsOf("alpha")) != 0 {
 			return errors.New("the session has not moved to the other replica")
 		}
 		return nil

@@ -4,10 +4,6 @@ import (
 	"time"
 )
 
-// countRequest records one request routed to the session by its status
-// code (0 = failed before a response).
-func (m *member) countRequest(status int) { m.requests[statusClass(status)].Add(1) }
-
 // statusClass maps 1xx..5xx to 1..5 and anything else to 0.
 func statusClass(status int) int {
 	if status >= 100 && status < 600 {
@@ -41,32 +37,4 @@ type Info struct {
 	// Retired is true while a draining replica lets the session's last
 	// requests finish before closing it.
 	Retired bool `json:"retired,omitempty"`
-}
-
-// info returns the member's state.
-func (m *member) info() Info {
-	s := m.sess
-	in, out := s.Traffic()
-	info := Info{
-		ClientAddress:  s.RemoteAddr(),
-		ConnectedSince: s.ConnectedAt().UTC(),
-		ClientVersion:  s.ClientVersion(),
-		BytesIn:        in,
-		BytesOut:       out,
-		Transport:      s.Transport(),
-		Route:          m.routeName(),
-		Session:        s.ID(),
-		RunID:          s.RunID(),
-		Retired:        m.retired.Load(),
-	}
-	if c := s.Claims(); c != nil {
-		info.Name = c.Tunnel
-		info.Account = c.Account
-		info.Runtime = c.Runtime
-		info.TokenExpires = c.ExpiresAt.UTC()
-	}
-	for i := range m.requests {
-		info.Requests += m.requests[i].Load()
-	}
-	return info
 }

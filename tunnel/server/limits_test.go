@@ -228,7 +228,7 @@ func TestPingFloodClosesTheSession(t *testing.T) {
 		t.Fatalf("the session answered %d pings in a row, want about %d", pings, gate.PingBurst)
 	}
 	wait.WaitFor(t, 5*time.Second, func() error {
-		if _, ok := s.sessions.lookup("alpha"); ok {
+		if _, ok := s.members.lookup("alpha"); ok {
 			return errors.New("tunnel alpha is still registered")
 		}
 		if got := s.limited(gate.LimitPings); got != 1 {
@@ -246,7 +246,7 @@ func TestStreamsOfALoggedInClientAreCapped(t *testing.T) {
 	if resp, _ := c.login(s.keys.token(t, "alpha", time.Hour), ""); resp.Error != "" {
 		t.Fatalf("login: %s", resp.Error)
 	}
-	sess, ok := s.sessions.lookup("alpha")
+	sess, ok := s.members.lookup("alpha")
 	if !ok {
 		t.Fatal("tunnel alpha not registered")
 	}
@@ -286,7 +286,7 @@ func TestClosedStreamsLeaveTheCount(t *testing.T) {
 	if resp, _ := c.login(s.keys.token(t, "alpha", time.Hour), "alpha"); resp.Error != "" {
 		t.Fatalf("login: %s", resp.Error)
 	}
-	sess, ok := s.sessions.lookup("alpha")
+	sess, ok := s.members.lookup("alpha")
 	if !ok {
 		t.Fatal("tunnel alpha not registered")
 	}

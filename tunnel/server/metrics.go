@@ -38,7 +38,7 @@ type metrics struct {
 	sessionsSilent prometheus.Counter
 }
 
-func newMetrics(sessions *sessionTable, anonymous func() int, entryConns *connSlots, reg registry.Registry) *metrics {
+func newMetrics(members func() []*member, anonymous func() int, entryConns *connSlots, reg registry.Registry) *metrics {
 	m := &metrics{
 		reg: prometheus.NewRegistry(),
 		sessionsReplaced: prometheus.NewCounter(prometheus.CounterOpts{
@@ -125,7 +125,7 @@ func newMetrics(sessions *sessionTable, anonymous func() int, entryConns *connSl
 			Name: "tether_http_connections",
 			Help: "Connections open on the public entry (--http-addr), websockets included; --max-http-connections caps them.",
 		}, func() float64 { return float64(entryConns.count()) }),
-		tunnelCollector{sessions: sessions},
+		tunnelCollector{members: members},
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		version.Collector(),
@@ -170,9 +170,9 @@ var (
 		[]string{"tunnel", "direction"}, nil)
 )
 
-// tunnelCollector reads per-tunnel series from the session table at scrape
-// time, summed over each tunnel's sessions.
-type tunnelCollector struct{ sessions *sessionTable }
+// tunnelCollector reads per-tunnel series from the members at scrape time,
+// summed over each tunnel's sessions.
+type tunnelCollector struct{ members func() []*member }
 
 func (c tunnelCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tunnelsDesc
@@ -182,7 +182,7 @@ func (c tunnelCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c tunnelCollector) Collect(ch chan<- prometheus.Metric) {
-	sessions := c.sessions.list() // by tunnel
+	sessions := c.members() // by tunnel
 	tunnels := 0
 	for i := 0; i < len(sessions); {
 		name := sessions[i].sess.Tunnel()

@@ -36,7 +36,7 @@ func (s *serving) Probe(sess *gate.Session, login *msg.Login) gate.ProbeAnswer {
 		ServerVersion: version.String(),
 		PublicURL:     strings.Replace(s.cfg.PublicURL, "*", claims.Tunnel, 1),
 	}
-	if cur, ok := s.sessions.lookup(claims.Tunnel); ok {
+	if cur, ok := s.members.lookup(claims.Tunnel); ok {
 		since := cur.ConnectedAt().UTC()
 		reply.Connected = true
 		reply.ClientAddress = cur.RemoteAddr()

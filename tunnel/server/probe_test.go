@@ -62,7 +62,7 @@ func withoutNow(msg string) string { return nowInMessage.ReplaceAllString(msg, "
 func TestProbeLeavesTheTunnelAlone(t *testing.T) {
 	s := startServer(t)
 	s.startClient(t, "acme", backend(t, "a").URL)
-	before, ok := s.sessions.lookup("acme")
+	before, ok := s.members.lookup("acme")
 	if !ok {
 		t.Fatal("tunnel not registered")
 	}
@@ -83,7 +83,7 @@ func TestProbeLeavesTheTunnelAlone(t *testing.T) {
 		t.Errorf("probe of an idle tunnel: %+v, %v", other, err)
 	}
 
-	if after, _ := s.sessions.lookup("acme"); after != before {
+	if after, _ := s.members.lookup("acme"); after != before {
 		t.Error("the probe replaced the tunnel's session")
 	}
 	if code, body, _ := s.get(t, "acme", "/"); code != http.StatusOK {

@@ -419,8 +419,8 @@ type Server struct {
 type serving struct {
 	*Server
 	frp       *embeddedFRP
-	gate      *gate.Gate    // the tunnel port
-	sessions  *sessionTable // the logged-in sessions, by tunnel
+	gate      *gate.Gate // the tunnel port
+	members   *members   // which sessions serve which tunnel
 	metrics   *metrics
 	peers     http.Handler // forwards to other replicas
 	peerConns *connSlots   // the peer port's connections (nil: no peer port)
@@ -565,10 +565,10 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*serving, error) {
 		closeAll(ls)
 		return nil, errors.New("a peer listener needs the peer channel's credentials: set --peer-secret-file (Config.PeerSecretFile)")
 	}
-	sv := &serving{Server: s, ls: ls, sessions: newSessionTable(s.registry)}
-	// The metrics read the gate's anonymous connections when scraped, by
-	// then made.
-	sv.metrics = newMetrics(sv.sessions, func() int { return sv.gate.Anonymous() }, s.entryConns, s.registry)
+	sv := &serving{Server: s, ls: ls}
+	// The metrics read the members and the gate's anonymous connections
+	// when scraped, by then made.
+	sv.metrics = newMetrics(func() []*member { return sv.members.list() }, func() int { return sv.gate.Anonymous() }, s.entryConns, s.registry)
 	var err error
 	sv.gate, err = gate.New(gate.Config{
 		TLS: s.tlsConfig, HeartbeatTimeout: s.cfg.HeartbeatTimeout, LoginTimeout: s.cfg.LoginTimeout,
@@ -579,7 +579,8 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*serving, error) {
 		closeAll(ls)
 		return nil, err
 	}
-	plugin := auth.NewPlugin(s.verifier, sv, s.floodLog.Named("auth"), sv.metrics)
+	sv.members = newMembers(sv.gate, s.registry, s.verifier, sv.metrics, sv.newHandler, s.cfg.MaxSessionsPerTunnel, s.cfg.ReplicaID)
+	plugin := auth.NewPlugin(s.verifier, sv.members, s.floodLog.Named("auth"), sv.metrics)
 	var lc net.ListenConfig
 	if sv.pluginLn, err = lc.Listen(ctx, "tcp", "127.0.0.1:0"); err != nil {
 		closeAll(ls)
