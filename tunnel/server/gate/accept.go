@@ -29,17 +29,21 @@ const (
 
 // acceptor is a session's accept loop, running or parked.
 type acceptor struct {
-	state atomic.Int32
-	// opened counts the streams the client opened and accepted those the
-	// loop took: the loop parks only once it has taken them all.
-	opened, accepted atomic.Int64
-	// park ends when the loop is to park (a tether client logged in).
+	// Static after newAcceptor: park ends when the loop is to park (Bind
+	// calls parkLoop for a tether client). A context owned as the loop's
+	// signal to park, and nothing else.
 	park     context.Context
 	parkLoop context.CancelFunc
-	// Set once the session exists; read after a state change from parked,
-	// which follows the loop's first run.
+	// Set by openSession once the session exists; read after a state
+	// change from parked, which follows the loop's first run.
 	g    *Gate
 	sess *Session
+
+	// Atomics shared by the loop and resume: running or parked; and the
+	// streams the client opened (muxGuard's opening) and those the loop
+	// took. The loop parks only once it has taken them all.
+	state            atomic.Int32
+	opened, accepted atomic.Int64
 }
 
 func newAcceptor() *acceptor {
@@ -122,7 +126,8 @@ func (g *Gate) acceptStream(sess *Session, stream *yamux.Stream) {
 }
 
 // endSession closes the session, which ended for endErr, waits for its
-// streams' admission and forgets it; the host hears of it last.
+// streams' admission and forgets it (→ closed): the host hears of it, and
+// the session's OnEnd hooks run.
 func (g *Gate) endSession(sess *Session, endErr error) {
 	sess.accept.parkLoop()
 	if lim := sess.limits.tripped.Load(); lim != nil {
@@ -131,8 +136,11 @@ func (g *Gate) endSession(sess *Session, endErr error) {
 	sess.Close("connection lost: " + describeEnd(endErr))
 	sess.admitting.Wait()
 	g.forget(sess)
+	hooks := sess.ended()
 	g.host.Ended(sess)
-	sess.finish()
+	for _, f := range hooks {
+		f()
+	}
 	if sess.Tunnel() != "" {
 		sess.slot.loggedOut()
 		in, out := sess.Traffic()

@@ -228,17 +228,23 @@ func (a *anonymousSlots) clientOut(ip netip.Addr, now time.Time) {
 // anonymousSlot is one connection's place among the anonymous ones. A nil
 // slot is none.
 type anonymousSlot struct {
+	// Static after acquire.
 	slots      *anonymousSlots
 	conn       net.Conn // closed when the slot is evicted
 	ip, subnet netip.Addr
 	known      bool // the address was known when the connection came
-	i          int  // index in slots.held; -1 once released (guarded by slots.mu)
+
+	// Guarded by slots.mu: the index in slots.held; -1 once released.
+	i int
+
+	// Atomics written by the connection's reads (budgetConn) and its
+	// login's arrival (admit.go), read by acquire's search for the stalest.
 	// waitingSince is when the server began to wait for the client's next
-	// bytes, in Unix nanoseconds; 0 while it is not waiting (budgetConn).
+	// bytes, in Unix nanoseconds; 0 while it is not waiting. loggingIn is
+	// set once the login has arrived: the connection waits for the
+	// server's verdict, not the other way round.
 	waitingSince atomic.Int64
-	// loggingIn is set once the login has arrived: the connection waits
-	// for the server's verdict, not the other way round.
-	loggingIn atomic.Bool
+	loggingIn    atomic.Bool
 }
 
 // release gives the slot back; later calls do nothing.

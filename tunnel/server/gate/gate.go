@@ -11,7 +11,8 @@
 // the verified tunnel, and the work connections of the session's own run
 // ID. The rest of the server reaches the client through the session: Dial
 // opens a stream to one of the client's upstreams (dial.go), Notify tells
-// the client something (notice.go).
+// the client something (notice.go). lifecycle.go has every state a session
+// goes through, and who moves it on.
 //
 //	g, err := gate.New(gate.Config{TLS: tlsConfig, HeartbeatTimeout: time.Minute,
 //		LoginTimeout: 30 * time.Second, MaxAnonymous: 1024, MaxAnonymousPerIP: 64,

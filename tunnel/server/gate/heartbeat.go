@@ -109,7 +109,7 @@ const (
 // answer (dial.go). The rest, an idle session's answers to its client's
 // pings and control messages, awaits nothing, and arms no timer.
 func (s *Session) watchSilenceLocked() {
-	stock := s.stockClient
+	stock := s.stock
 	s.silence = time.AfterFunc(time.Hour, s.checkSilence)
 	s.silence.Stop()
 	s.conn.watch(func() { s.armSilence(stock) })

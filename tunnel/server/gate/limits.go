@@ -233,16 +233,19 @@ const (
 //
 // Only yamux's receive loop reads, so the parsing state needs no lock.
 type muxGuard struct {
+	// Static after openSession. opening, when set, runs for each stream
+	// the client opens, before yamux sees it (the gate's accept loop may
+	// be parked).
 	net.Conn
-	limits *connLimits
-	// opening, when set, runs for each stream the client opens, before
-	// yamux sees it (the gate's accept loop may be parked).
+	limits  *connLimits
 	opening func()
-	header  [muxHeaderSize]byte
-	have    int    // header bytes gathered
-	body    uint32 // body bytes of the current frame still to come
-	syns    int    // streams opened (SYN frames)
-	pings   pingLimiter
+
+	// Owned by yamux's receive loop, the only reader.
+	header [muxHeaderSize]byte
+	have   int    // header bytes gathered
+	body   uint32 // body bytes of the current frame still to come
+	syns   int    // streams opened (SYN frames)
+	pings  pingLimiter
 }
 
 func (g *muxGuard) Read(p []byte) (int, error) {
@@ -328,7 +331,7 @@ func (l *pingLimiter) allow(now time.Time) bool {
 // closeAtLimit closes a session that went over lim, and counts and logs it
 // unless the session had already ended.
 func (g *Gate) closeAtLimit(sess *Session, lim *limitError) {
-	if sess.setCloseReason(lim.detail) {
+	if sess.beginClose(lim.detail) {
 		g.obs.SessionLimited(lim.reason)
 		// One message per reason, so that a flood of one kind does not
 		// hide another from the sampled log.
