@@ -24,7 +24,7 @@ import (
 // When an admin token is configured, every endpoint but the probes
 // (/healthz, /readyz) requires it: /metrics names every tunnel and its
 // traffic, which one tenant must not learn about another.
-func (s *serving) adminHandler() http.Handler {
+func (s *replica) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
 		writeText(w, http.StatusOK, "ok")
@@ -39,21 +39,21 @@ func (s *serving) adminHandler() http.Handler {
 			writeText(w, http.StatusOK, "ready")
 		}
 	})
-	mux.Handle("GET /metrics", s.requireAdminToken(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))
-	mux.Handle("GET /api/tunnels", s.requireAdminToken(http.HandlerFunc(s.listTunnels)))
-	mux.Handle("GET /api/fleet", s.requireAdminToken(http.HandlerFunc(s.listFleet)))
+	mux.Handle("GET /metrics", s.srv.requireAdminToken(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))
+	mux.Handle("GET /api/tunnels", s.srv.requireAdminToken(http.HandlerFunc(s.listTunnels)))
+	mux.Handle("GET /api/fleet", s.srv.requireAdminToken(http.HandlerFunc(s.srv.listFleet)))
 	// Profiles for an operator chasing CPU or memory.
-	mux.Handle("GET /debug/pprof/", s.requireAdminToken(http.HandlerFunc(pprof.Index)))
-	mux.Handle("GET /debug/pprof/profile", s.requireAdminToken(http.HandlerFunc(pprof.Profile)))
+	mux.Handle("GET /debug/pprof/", s.srv.requireAdminToken(http.HandlerFunc(pprof.Index)))
+	mux.Handle("GET /debug/pprof/profile", s.srv.requireAdminToken(http.HandlerFunc(pprof.Profile)))
 	return mux
 }
 
-func (s *serving) listTunnels(w http.ResponseWriter, _ *http.Request) {
+func (s *replica) listTunnels(w http.ResponseWriter, _ *http.Request) {
 	sessions := s.members.list()
 	list := make([]Info, 0, len(sessions))
 	for _, m := range sessions {
 		info := s.members.info(m)
-		info.Replica = s.cfg.ReplicaID
+		info.Replica = s.srv.cfg.ReplicaID
 		list = append(list, info)
 	}
 	writeJSON(w, list)

@@ -38,12 +38,12 @@ type bodyWatch struct {
 
 // watchBody watches r's body, and returns the ResponseWriter to answer
 // through; nil and w when r has no body.
-func (s *serving) watchBody(w http.ResponseWriter, r *http.Request) (*bodyWatch, http.ResponseWriter) {
+func (s *replica) watchBody(w http.ResponseWriter, r *http.Request) (*bodyWatch, http.ResponseWriter) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, w
 	}
 	bw := &bodyWatch{
-		body:  idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), timeout: s.cfg.BodyIdleTimeout},
+		body:  idleBody{ReadCloser: r.Body, rc: http.NewResponseController(w), timeout: s.srv.cfg.BodyIdleTimeout},
 		reply: stallWriter{ResponseWriter: w},
 	}
 	bw.reply.body = &bw.body
@@ -57,10 +57,10 @@ func (bw *bodyWatch) stalled() bool { return bw != nil && bw.body.timedOut() }
 // answerStalled answers a request whose body stalled, once the route is
 // done with it: 408, unless a response had begun, and then the
 // connection is aborted.
-func (s *serving) answerStalled(bw *bodyWatch, r *http.Request) {
+func (s *replica) answerStalled(bw *bodyWatch, r *http.Request) {
 	s.metrics.unrouted.WithLabelValues(unroutedBodyTimeout).Inc()
-	s.refusalLog.Warn("request body stalled: answered 408 and closed the connection",
-		zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host), zap.Duration("timeout", s.cfg.BodyIdleTimeout))
+	s.srv.refusalLog.Warn("request body stalled: answered 408 and closed the connection",
+		zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host), zap.Duration("timeout", s.srv.cfg.BodyIdleTimeout))
 	if !bw.reply.divert() {
 		// The route's answer had begun: end the connection after what was
 		// written, rather than read what follows the body as a request.

@@ -37,11 +37,11 @@ const (
 // Then in-flight requests, forwarded ones included, get what is left of
 // ShutdownTimeout to finish (connections that never sent a request close at
 // once), and the sessions that remain close.
-func (s *serving) drain(entrySrv, peerSrv *http.Server) {
+func (s *replica) drain(entrySrv, peerSrv *http.Server) {
 	s.draining.Store(true)
-	deadline := time.Now().Add(s.cfg.ShutdownTimeout)
-	s.log.Info("draining", zap.Duration("timeout", s.cfg.ShutdownTimeout), zap.Int("sessions", len(s.members.list())))
-	if s.registry.Status().Backend != "memory" { // there may be replicas to move to
+	deadline := time.Now().Add(s.srv.cfg.ShutdownTimeout)
+	s.srv.log.Info("draining", zap.Duration("timeout", s.srv.cfg.ShutdownTimeout), zap.Int("sessions", len(s.members.list())))
+	if s.srv.registry.Status().Backend != "memory" { // there may be replicas to move to
 		s.moveClients(deadline)
 	}
 	ctx, cancel := context.WithDeadline(context.Background(), deadline)
@@ -53,7 +53,7 @@ func (s *serving) drain(entrySrv, peerSrv *http.Server) {
 		}
 		wg.Go(func() {
 			if err := srv.Shutdown(ctx); err != nil {
-				s.log.Warn("in-flight requests did not finish in time; closing them", zap.Error(err))
+				s.srv.log.Warn("in-flight requests did not finish in time; closing them", zap.Error(err))
 				_ = srv.Close()
 			}
 		})
@@ -65,7 +65,7 @@ func (s *serving) drain(entrySrv, peerSrv *http.Server) {
 
 // closeUnusedWhile closes the HTTP connections that never sent a byte until
 // the servers' shutdowns (wg) have ended, or Shutdown would wait for them.
-func (s *serving) closeUnusedWhile(shutdowns *sync.WaitGroup) {
+func (s *replica) closeUnusedWhile(shutdowns *sync.WaitGroup) {
 	done := make(chan struct{})
 	go func() { shutdowns.Wait(); close(done) }()
 	t := time.NewTicker(moveTick)
@@ -88,10 +88,10 @@ func (s *serving) closeUnusedWhile(shutdowns *sync.WaitGroup) {
 // returns when no session is left, or when only stock frpc sessions and
 // sessions that cannot move are, or at half the time to deadline: the
 // other half is for in-flight requests.
-func (s *serving) moveClients(deadline time.Time) {
+func (s *replica) moveClients(deadline time.Time) {
 	for _, m := range s.members.list() {
 		if !m.sess.Stock() {
-			m.sess.Notify(tunnel.Notice{Kind: tunnel.NoticeMove, Replica: s.cfg.ReplicaID})
+			m.sess.Notify(tunnel.Notice{Kind: tunnel.NoticeMove, Replica: s.srv.cfg.ReplicaID})
 		}
 	}
 	giveUp := time.Now().Add(time.Until(deadline) / 2)
@@ -103,10 +103,10 @@ func (s *serving) moveClients(deadline time.Time) {
 		for _, name := range s.members.tunnelNames() {
 			sessions := s.members.sessionsOf(name)
 			at, retired := retiredAt[name]
-			if !retired && len(s.registry.Holders(name)) > 0 {
+			if !retired && len(s.srv.registry.Holders(name)) > 0 {
 				s.members.retire(name)
 				retiredAt[name], at, retired = time.Now(), time.Now(), true
-				s.log.Info("tunnel moved to another replica; its sessions here close once their requests end",
+				s.srv.log.Info("tunnel moved to another replica; its sessions here close once their requests end",
 					zap.String("tunnel", name), zap.Int("sessions", len(sessions)))
 			}
 			if !retired {

@@ -25,19 +25,19 @@ import (
 // serveEntry is the public HTTP entry: a request for <tunnel>.<domain> goes
 // to that tunnel's sessions and nowhere else, here or on the replica that
 // holds them.
-func (s *serving) serveEntry(w http.ResponseWriter, r *http.Request) {
+func (s *replica) serveEntry(w http.ResponseWriter, r *http.Request) {
 	start := time.Now()
 	if refused := s.refuseTarget(w, r); refused {
 		return
 	}
-	name, ok := tunnelName(r.Host, s.cfg.Domain)
+	name, ok := tunnelName(r.Host, s.srv.cfg.Domain)
 	if !ok {
 		s.metrics.unrouted.WithLabelValues("unknown_host").Inc()
 		proxy.WriteError(w, http.StatusNotFound, "unknown_host",
-			fmt.Sprintf("tether: no tunnel is served at host %q; tunnels are served at <name>.%s", r.Host, s.cfg.Domain))
+			fmt.Sprintf("tether: no tunnel is served at host %q; tunnels are served at <name>.%s", r.Host, s.srv.cfg.Domain))
 		return
 	}
-	s.setForwarded(r)
+	s.srv.setForwarded(r)
 	body, w := s.watchBody(w, r)
 	rec := proxy.NewStatusWriter(w)
 	s.route(rec, r, name, false)
@@ -67,7 +67,7 @@ const tunnelWait = 3 * time.Second
 // replica that forwarded it tries the next holder. A request beyond the
 // tunnel's slots here (requestslots.go), whichever way it goes, is answered
 // at once: 503 tunnel_busy, or 429 caller_busy beyond its caller's share.
-func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fromPeer bool) {
+func (s *replica) route(w *proxy.StatusWriter, r *http.Request, name string, fromPeer bool) {
 	slot, ok := s.takeSlot(w, r, name)
 	if !ok {
 		return
@@ -79,7 +79,7 @@ func (s *serving) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 	unreached := false  // one of them could not be connected to
 	waited := false
 	for {
-		holders := without(s.registry.Holders(name), passed)
+		holders := without(s.srv.registry.Holders(name), passed)
 		// A session a drain retired still serves when nothing else can.
 		if m := s.members.pick(name, fromPeer || len(holders) == 0, tried); m != nil {
 			if s.serveBy(m, w, r, body) {
@@ -126,14 +126,14 @@ const holderPoll = 50 * time.Millisecond
 
 // waitServed waits until ctx ends or tunnel name is served here or by a
 // replica not in passed.
-func (s *serving) waitServed(ctx context.Context, name string, passed []string) {
+func (s *replica) waitServed(ctx context.Context, name string, passed []string) {
 	if len(passed) == 0 {
-		_ = s.registry.Wait(ctx, name)
+		_ = s.srv.registry.Wait(ctx, name)
 		return
 	}
 	t := time.NewTicker(holderPoll)
 	defer t.Stop()
-	for !s.members.serves(name) && len(without(s.registry.Holders(name), passed)) == 0 {
+	for !s.members.serves(name) && len(without(s.srv.registry.Holders(name), passed)) == 0 {
 		select {
 		case <-ctx.Done():
 			return
@@ -161,7 +161,7 @@ func without(holders []registry.Holder, passed []string) []registry.Holder {
 // failed under the request), 503 when none serves the tunnel any more. A
 // request that came as a client died, to a session that died with it, is
 // answered as one that came just after: the tunnel is down.
-func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name string, tried []*member, fromPeer bool) {
+func (s *replica) answerUnserved(w http.ResponseWriter, r *http.Request, name string, tried []*member, fromPeer bool) {
 	if slices.ContainsFunc(tried, func(m *member) bool { return m.sess.Alive() }) {
 		s.metrics.unrouted.WithLabelValues("tunnel_disconnected").Inc()
 		tried[0].sess.Logger().Warn("request not delivered: every session of the tunnel failed under it",
@@ -182,7 +182,7 @@ func (s *serving) answerUnserved(w http.ResponseWriter, r *http.Request, name st
 // serveBy serves the request through sess and reports whether it is done:
 // false when the session failed before any of the request reached it, so
 // that another session may take it.
-func (s *serving) serveBy(m *member, w *proxy.StatusWriter, r *http.Request, body *guardedBody) bool {
+func (s *replica) serveBy(m *member, w *proxy.StatusWriter, r *http.Request, body *guardedBody) bool {
 	h, ok := s.members.handler(m)
 	if !ok {
 		return false
@@ -198,7 +198,7 @@ func (s *serving) serveBy(m *member, w *proxy.StatusWriter, r *http.Request, bod
 
 // answerUndelivered answers a request whose session failed after part of
 // its body was read: it cannot go elsewhere.
-func (s *serving) answerUndelivered(m *member, w http.ResponseWriter) bool {
+func (s *replica) answerUndelivered(m *member, w http.ResponseWriter) bool {
 	m.countRequest(0)
 	s.metrics.unrouted.WithLabelValues("tunnel_disconnected").Inc()
 	status, code, msg := (&gate.ClosedError{Tunnel: m.sess.Tunnel()}).Response()
@@ -257,23 +257,23 @@ func (b *guardedBody) started() bool { return b != nil && b.read.Load() }
 //
 // Refusals are counted, and logged at most once per 10s each, so that a
 // flood of them cannot flood the log.
-func (s *serving) refuseTarget(w http.ResponseWriter, r *http.Request) bool {
+func (s *replica) refuseTarget(w http.ResponseWriter, r *http.Request) bool {
 	switch {
 	case r.Method == http.MethodConnect:
 		s.metrics.unrouted.WithLabelValues("connect").Inc()
-		s.refusalLog.Warn("connect request refused", zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
+		s.srv.refusalLog.Warn("connect request refused", zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
 		w.Header().Set("Allow", "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS")
 		// The caller wanted a raw tunnel: what it sends next is no request.
 		w.Header().Set("Connection", "close")
 		proxy.WriteError(w, http.StatusMethodNotAllowed, proxy.CodeMethodNotAllowed,
-			"tether: CONNECT is not supported; tunnels serve HTTP requests at <tunnel>."+s.cfg.Domain)
+			"tether: CONNECT is not supported; tunnels serve HTTP requests at <tunnel>."+s.srv.cfg.Domain)
 		return true
 	case r.URL.Host != "" || r.URL.Scheme != "":
 		s.metrics.unrouted.WithLabelValues("absolute_form").Inc()
-		s.refusalLog.Warn("absolute-form request refused", zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
+		s.srv.refusalLog.Warn("absolute-form request refused", zap.String("remote_addr", r.RemoteAddr), zap.String("host", r.Host))
 		proxy.WriteError(w, http.StatusBadRequest, proxy.CodeBadRequest,
 			fmt.Sprintf("tether: bad request: absolute-form target %q; send origin-form (%s /path) with a Host header of <tunnel>.%s",
-				r.RequestURI, r.Method, s.cfg.Domain))
+				r.RequestURI, r.Method, s.srv.cfg.Domain))
 		return true
 	}
 	return false

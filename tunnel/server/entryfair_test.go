@@ -568,7 +568,7 @@ func TestLongLived(t *testing.T) {
 // back. Compare with BenchmarkRequestPath for its share of a request.
 func BenchmarkRequestSlot(b *testing.B) {
 	s := &Server{cfg: Config{MaxRequestsPerTunnel: 1 << 20, MaxRequestsPerCaller: 1 << 20}}
-	s.inflight = newRequestSlots(s.cfg.MaxRequestsPerTunnel, s.cfg.MaxRequestsPerCaller)
+	inflight := newRequestSlots(s.cfg.MaxRequestsPerTunnel, s.cfg.MaxRequestsPerCaller)
 	slots := newConnSlots(1<<20, 1<<20, nil)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
@@ -579,10 +579,10 @@ func BenchmarkRequestSlot(b *testing.B) {
 		for pb.Next() {
 			slots.busy(conn)
 			slot := requestSlot{tunnel: "alpha", caller: s.callerOf(r), long: longLived(r)}
-			if s.inflight.acquire(slot) != slotGranted {
+			if inflight.acquire(slot) != slotGranted {
 				b.Fatal("no slot")
 			}
-			s.inflight.release(slot)
+			inflight.release(slot)
 			slots.wait(conn)
 		}
 	})

@@ -547,29 +547,29 @@ func (h *headLines) header(n int) {
 
 // capReporter counts and logs (sampled) what listener's cappedListener
 // does at its caps, under labels.
-func (s *serving) capReporter(listener string, labels capLabels) func(net.Conn, capEvent) {
+func (s *replica) capReporter(listener string, labels capLabels) func(net.Conn, capEvent) {
 	return func(conn net.Conn, ev capEvent) {
 		addr := zap.String("caller_address", conn.RemoteAddr().String())
 		switch ev {
 		case capRefused:
 			s.metrics.connectionsRefused.WithLabelValues(labels.refused).Inc()
-			s.floodLog.Warn(listener+" connection refused: --max-http-connections are open, none of them idle; raise it if callers need more",
-				addr, zap.Int("limit", s.cfg.MaxHTTPConnections))
+			s.srv.floodLog.Warn(listener+" connection refused: --max-http-connections are open, none of them idle; raise it if callers need more",
+				addr, zap.Int("limit", s.srv.cfg.MaxHTTPConnections))
 		case capRefusedPerIP:
 			s.metrics.connectionsRefused.WithLabelValues(labels.refusedPerIP).Inc()
-			s.floodLog.Warn(listener+" connection refused: the caller's address has --max-http-connections-per-ip open, none of them idle",
-				addr, zap.Int("limit", s.cfg.MaxHTTPConnectionsPerIP))
+			s.srv.floodLog.Warn(listener+" connection refused: the caller's address has --max-http-connections-per-ip open, none of them idle",
+				addr, zap.Int("limit", s.srv.cfg.MaxHTTPConnectionsPerIP))
 		case capEvicted:
 			s.metrics.connectionsRefused.WithLabelValues(labels.evicted).Inc()
-			s.floodLog.Warn(listener+" idle connection closed to make room: --max-http-connections are open; raise it if callers need more",
-				addr, zap.Int("limit", s.cfg.MaxHTTPConnections))
+			s.srv.floodLog.Warn(listener+" idle connection closed to make room: --max-http-connections are open; raise it if callers need more",
+				addr, zap.Int("limit", s.srv.cfg.MaxHTTPConnections))
 		case capEvictedPerIP:
 			// A client that pools many connections (to many tunnels)
 			// recycles its own idle ones: nothing for an operator to do.
 			s.metrics.connectionsRefused.WithLabelValues(labels.evictedPerIP).Inc()
 		case capAmbiguousLength:
 			s.metrics.unrouted.WithLabelValues(unroutedAmbiguousLength).Inc()
-			s.refusalLog.Warn("request with both Content-Length and Transfer-Encoding refused", addr)
+			s.srv.refusalLog.Warn("request with both Content-Length and Transfer-Encoding refused", addr)
 		}
 	}
 }

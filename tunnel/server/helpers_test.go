@@ -74,7 +74,8 @@ func (k *keys) verifier(t testing.TB, leeway time.Duration) *auth.Verifier {
 
 // testServer is a Server serving on loopback for the duration of a test.
 type testServer struct {
-	*serving
+	*Server
+	*replica
 	keys   *keys
 	tunnel string // tunnel listener address
 	entry  string // http://host:port of the public entry
@@ -134,7 +135,7 @@ func startServerWith(t testing.TB, setup serverSetup, mutate ...func(*Config)) *
 	done := make(chan error, 1)
 	go func() { done <- sv.run(ctx) }()
 	ts := &testServer{
-		serving: sv, keys: k,
+		Server: srv, replica: sv, keys: k,
 		tunnel: ls.Tunnel.Addr().String(),
 		entry:  "http://" + ls.HTTP.Addr().String(),
 		admin:  "http://" + ls.Admin.Addr().String(),

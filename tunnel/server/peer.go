@@ -48,19 +48,19 @@ const (
 
 // servePeer serves a request another replica forwarded; the peer listener
 // admitted only replicas.
-func (s *serving) servePeer(w http.ResponseWriter, r *http.Request) {
+func (s *replica) servePeer(w http.ResponseWriter, r *http.Request) {
 	miss := r.Header.Get(peerMissHeader)
 	delete(r.Header, peerMissHeader)
 	if s.refuseTarget(w, r) {
 		return
 	}
-	name, ok := tunnelName(r.Host, s.cfg.Domain)
+	name, ok := tunnelName(r.Host, s.srv.cfg.Domain)
 	if !ok {
 		if miss != "" {
 			w.Header().Set(peerMissHeader, miss)
 		}
 		proxy.WriteError(w, http.StatusNotFound, "unknown_host",
-			fmt.Sprintf("tether: no tunnel is served at host %q; tunnels are served at <name>.%s", r.Host, s.cfg.Domain))
+			fmt.Sprintf("tether: no tunnel is served at host %q; tunnels are served at <name>.%s", r.Host, s.srv.cfg.Domain))
 		return
 	}
 	s.metrics.peerServed.Inc()
@@ -87,7 +87,7 @@ func markPeerMiss(w http.ResponseWriter, r *http.Request) {
 // tunnel (a drain moved the client away, the registry lags). The caller may
 // then wait for the tunnel's client to reconnect elsewhere. unreached
 // reports whether a holder could not be connected to.
-func (s *serving) forward(w http.ResponseWriter, r *http.Request, holders []registry.Holder, body *guardedBody) (done, unreached bool) {
+func (s *replica) forward(w http.ResponseWriter, r *http.Request, holders []registry.Holder, body *guardedBody) (done, unreached bool) {
 	att := &peerAttempt{holders: holders, body: body}
 	s.peers.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), holdersKey{}, att)))
 	return !att.passed.Load(), att.unreached.Load()
@@ -112,7 +112,7 @@ var errNoHolderReached = errors.New("no replica that serves the tunnel could be 
 
 // newPeerProxy is the reverse proxy that forwards requests to other
 // replicas.
-func (s *serving) newPeerProxy() *httputil.ReverseProxy {
+func (s *replica) newPeerProxy() *httputil.ReverseProxy {
 	transport := &http.Transport{
 		DialTLSContext: s.peerDialer(),
 		// No response-header timeout: the replica that serves the tunnel
@@ -136,14 +136,14 @@ func (s *serving) newPeerProxy() *httputil.ReverseProxy {
 				pr.Out.Header[h] = pr.In.Header[h]
 			}
 		},
-		Transport:  &peerTransport{next: transport, self: s.cfg.ReplicaID, outcomes: s.metrics.forwarded},
+		Transport:  &peerTransport{next: transport, self: s.srv.cfg.ReplicaID, outcomes: s.metrics.forwarded},
 		BufferPool: bufferPool{},
-		ErrorLog:   s.proxyErrorLog,
+		ErrorLog:   s.srv.proxyErrorLog,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the caller went away; nobody reads an answer
 			}
-			s.floodLog.Warn("request to another replica failed", zap.String("host", r.Host), zap.Error(err))
+			s.srv.floodLog.Warn("request to another replica failed", zap.String("host", r.Host), zap.Error(err))
 			if att, _ := r.Context().Value(holdersKey{}).(*peerAttempt); att != nil && errors.Is(err, errNoHolderReached) {
 				att.passed.Store(true) // route decides what to answer
 				return
@@ -156,22 +156,22 @@ func (s *serving) newPeerProxy() *httputil.ReverseProxy {
 // peerListener is the peer port's listener on ln: TLS, for replicas only.
 // A connection without a replica's certificate is counted, logged
 // (sampled) and closed before any request is read.
-func (s *serving) peerListener(ln net.Listener) net.Listener {
-	return &peerListener{Listener: ln, config: s.peerTLS.serverConfig(), refused: func(conn net.Conn, err error) {
+func (s *replica) peerListener(ln net.Listener) net.Listener {
+	return &peerListener{Listener: ln, config: s.srv.peerTLS.serverConfig(), refused: func(conn net.Conn, err error) {
 		s.metrics.peerRefused.Inc()
-		s.floodLog.Warn("peer connection refused: no certificate of a replica of this fleet (another --peer-secret-file or --peer-tls-ca, a replica of an earlier version, or no replica at all)",
+		s.srv.floodLog.Warn("peer connection refused: no certificate of a replica of this fleet (another --peer-secret-file or --peer-tls-ca, a replica of an earlier version, or no replica at all)",
 			zap.String("remote_addr", conn.RemoteAddr().String()), zap.Error(err))
 	}}
 }
 
 // peerDialer connects to other replicas' peer ports over TLS.
-func (s *serving) peerDialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
-	if s.peerTLS == nil { // no peer listener, no replica to forward to
+func (s *replica) peerDialer() func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if s.srv.peerTLS == nil { // no peer listener, no replica to forward to
 		return func(_ context.Context, network, _ string) (net.Conn, error) {
 			return nil, &net.OpError{Op: "dial", Net: network, Err: errors.New("no peer credentials: set --peer-secret-file")}
 		}
 	}
-	return s.peerTLS.dialer(s.floodLog.Named("peer"))
+	return s.srv.peerTLS.dialer(s.srv.floodLog.Named("peer"))
 }
 
 // peerTransport tries a forwarded request on the tunnel's holders in turn:

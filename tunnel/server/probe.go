@@ -18,10 +18,10 @@ import (
 // told (frp's LoginResp with the same rejection text), followed on success
 // by a tunnel.ProbeReply: who the token is, and whether its tunnel is
 // connected, here or through another replica.
-func (s *serving) Probe(sess *gate.Session, login *msg.Login) gate.ProbeAnswer {
+func (s *replica) Probe(sess *gate.Session, login *msg.Login) gate.ProbeAnswer {
 	// Anyone can make the server answer probes: their log is sampled.
-	log := s.floodLog.Named("session").With(zap.String("client_address", sess.RemoteAddr()))
-	claims, rej := auth.VerifyLoginToken(s.verifier, login.Metas)
+	log := s.srv.floodLog.Named("session").With(zap.String("client_address", sess.RemoteAddr()))
+	claims, rej := auth.VerifyLoginToken(s.srv.verifier, login.Metas)
 	if rej != nil {
 		s.metrics.probes.WithLabelValues("rejected").Inc()
 		log.Info("login probe rejected", zap.String("reason", string(rej.Reason)), zap.String("claimed_tunnel", rej.ClaimedTunnel))
@@ -34,14 +34,14 @@ func (s *serving) Probe(sess *gate.Session, login *msg.Login) gate.ProbeAnswer {
 		Account:       claims.Account,
 		Runtime:       claims.Runtime,
 		ServerVersion: version.String(),
-		PublicURL:     strings.Replace(s.cfg.PublicURL, "*", claims.Tunnel, 1),
+		PublicURL:     strings.Replace(s.publicURL, "*", claims.Tunnel, 1),
 	}
 	if cur, ok := s.members.lookup(claims.Tunnel); ok {
 		since := cur.ConnectedAt().UTC()
 		reply.Connected = true
 		reply.ClientAddress = cur.RemoteAddr()
 		reply.ConnectedSince = &since
-	} else if len(s.registry.Holders(claims.Tunnel)) > 0 {
+	} else if len(s.srv.registry.Holders(claims.Tunnel)) > 0 {
 		reply.Connected = true // through another replica
 	}
 	return gate.ProbeAnswer{Login: msg.LoginResp{Version: frpversion.Full()}, Reply: reply}

@@ -73,7 +73,7 @@ func parseAdvertised(raw *string) ([]proxy.Route, error) {
 //
 // A stock frpc advertises nothing (stock) and is reached through frp's
 // own HTTP vhost, which routes by Host to the tunnel's load-balancing group.
-func (s *serving) newHandler(sess *gate.Session, stock bool) sessionHandler {
+func (s *replica) newHandler(sess *gate.Session, stock bool) sessionHandler {
 	if stock {
 		return &lazyHandler{build: func() (sessionHandler, error) { return s.vhostProxy(), nil }}
 	}
@@ -222,8 +222,8 @@ func (h vhostHandler) CloseIdle() { h.transport.CloseIdleConnections() }
 // CONNECT raw to the tenant's work connection, and an answer that looks
 // complete would return it to a shared pool, with the tenant on the other
 // end).
-func (s *serving) vhostProxy() vhostHandler {
-	transport := s.frp.vhostTransport(s.floodLog)
+func (s *replica) vhostProxy() vhostHandler {
+	transport := s.frp.vhostTransport(s.srv.floodLog)
 	return vhostHandler{transport: transport, ReverseProxy: &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
@@ -236,13 +236,13 @@ func (s *serving) vhostProxy() vhostHandler {
 		},
 		Transport:  transport,
 		BufferPool: bufferPool{},
-		ErrorLog:   s.proxyErrorLog,
+		ErrorLog:   s.srv.proxyErrorLog,
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the caller went away; nobody reads an answer
 			}
 			if errors.Is(err, proxy.ErrBadResponse) {
-				s.floodLog.Warn("a stock frpc's answer refused", zap.String("host", r.Host), zap.Error(err))
+				s.srv.floodLog.Warn("a stock frpc's answer refused", zap.String("host", r.Host), zap.Error(err))
 				proxy.WriteError(w, http.StatusBadGateway, proxy.CodeUpstreamBadResponse, proxy.BadResponseMessage("the tunnel's service", err))
 				return
 			}
@@ -254,7 +254,7 @@ func (s *serving) vhostProxy() vhostHandler {
 					fmt.Sprintf("tether: the tunnel's service sent no response headers within %.0fs", vhostResponseHeaderTimeout.Seconds()))
 				return
 			}
-			s.log.Warn("request through frp's vhost failed", zap.String("host", r.Host), zap.Error(err))
+			s.srv.log.Warn("request through frp's vhost failed", zap.String("host", r.Host), zap.Error(err))
 			proxy.WriteError(w, http.StatusBadGateway, "tunnel_error", "tether: the tunnel could not carry the request; retry")
 		},
 	}}

@@ -127,8 +127,8 @@ func (l *requestSlots) release(slot requestSlot) {
 
 // takeSlot takes a slot for r, a request for tunnel name, or answers it
 // (503 tunnel_busy, 429 caller_busy) and reports false.
-func (s *serving) takeSlot(w http.ResponseWriter, r *http.Request, name string) (requestSlot, bool) {
-	slot := requestSlot{tunnel: name, caller: s.callerOf(r), long: longLived(r)}
+func (s *replica) takeSlot(w http.ResponseWriter, r *http.Request, name string) (requestSlot, bool) {
+	slot := requestSlot{tunnel: name, caller: s.srv.callerOf(r), long: longLived(r)}
 	refusal := s.inflight.acquire(slot)
 	if refusal == slotGranted {
 		return slot, true
@@ -145,7 +145,7 @@ func (s *serving) takeSlot(w http.ResponseWriter, r *http.Request, name string) 
 	case slotLongFull:
 		s.answerBusy(w, r, slot.tunnel, s.inflight.longPerTunnel, "websocket and event-stream requests")
 	default:
-		s.answerBusy(w, r, slot.tunnel, s.cfg.MaxRequestsPerTunnel, "requests")
+		s.answerBusy(w, r, slot.tunnel, s.srv.cfg.MaxRequestsPerTunnel, "requests")
 	}
 	return requestSlot{}, false
 }
@@ -236,9 +236,9 @@ func containsFold(s, sub string) bool {
 // answerBusy answers a request beyond its tunnel's MaxRequestsPerTunnel
 // (limit), or beyond the half of them long-lived requests may hold; what
 // names the requests counted.
-func (s *serving) answerBusy(w http.ResponseWriter, r *http.Request, name string, limit int, what string) {
+func (s *replica) answerBusy(w http.ResponseWriter, r *http.Request, name string, limit int, what string) {
 	s.metrics.unrouted.WithLabelValues("tunnel_busy").Inc()
-	s.floodLog.Warn("request refused: the tunnel has too many requests in flight",
+	s.srv.floodLog.Warn("request refused: the tunnel has too many requests in flight",
 		zap.String("tunnel", name), zap.Int("limit", limit), zap.String("counted", what),
 		zap.String("method", r.Method), zap.String("path", r.URL.Path))
 	w.Header().Set("Retry-After", "1")
@@ -249,19 +249,19 @@ func (s *serving) answerBusy(w http.ResponseWriter, r *http.Request, name string
 
 // answerCallerBusy answers a request beyond its caller's share of the
 // tunnel's slots.
-func (s *serving) answerCallerBusy(w http.ResponseWriter, r *http.Request, slot requestSlot) {
+func (s *replica) answerCallerBusy(w http.ResponseWriter, r *http.Request, slot requestSlot) {
 	s.metrics.unrouted.WithLabelValues(unroutedCallerBusy).Inc()
 	what := "requests"
 	if slot.long {
 		what = "websocket and event-stream requests"
 	}
-	s.floodLog.Warn("request refused: the caller has too many requests in flight to the tunnel",
-		zap.String("tunnel", slot.tunnel), zap.String("caller", slot.caller.String()), zap.Int("limit", s.cfg.MaxRequestsPerCaller),
+	s.srv.floodLog.Warn("request refused: the caller has too many requests in flight to the tunnel",
+		zap.String("tunnel", slot.tunnel), zap.String("caller", slot.caller.String()), zap.Int("limit", s.srv.cfg.MaxRequestsPerCaller),
 		zap.Bool("long_lived", slot.long), zap.String("method", r.Method), zap.String("path", r.URL.Path))
 	w.Header().Set("Retry-After", "1")
 	proxy.WriteError(w, http.StatusTooManyRequests, unroutedCallerBusy, fmt.Sprintf(
 		"tether: you have %d %s in flight to tunnel %q on this server, a caller's share (--max-requests-per-caller); retry when some have finished",
-		s.cfg.MaxRequestsPerCaller, what, slot.tunnel))
+		s.srv.cfg.MaxRequestsPerCaller, what, slot.tunnel))
 }
 
 // unroutedCallerBusy is the code and metric reason of a request beyond its

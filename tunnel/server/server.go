@@ -387,48 +387,57 @@ func isLoopback(addr string) bool {
 	return err == nil && ip.IsLoopback()
 }
 
-// Server accepts tunnel clients and exposes their routes.
+// Server accepts tunnel clients and exposes their routes. It is the
+// configuration and the wiring, static after New; what exists while it
+// serves is a replica, which Serve builds.
 type Server struct {
 	cfg        Config
 	verifier   *auth.Verifier
-	log        *zap.Logger
+	registry   registry.Registry
 	adminToken string
 	peerTLS    *peerTLS // the peer channel's credentials; nil without a peer port or replicas
 	certs      *certificates
 	tlsConfig  *tls.Config
-	registry   registry.Registry
-	inflight   *requestSlots // requests in flight per tunnel and caller
-	entryConns *connSlots    // the public entry's connections
+
+	log *zap.Logger
 	// floodLog is log, sampled: for what a client can make the server log
 	// as often as it likes (refused connections and streams, limits).
 	floodLog *zap.Logger
-
 	// refusalLog logs the entry's refusals of CONNECT and absolute-form
 	// targets, sampled: anyone on the internet can send those.
 	refusalLog *zap.Logger
-
 	// proxyErrorLog takes net/http's reverse proxy complaints (a body copy
 	// cut short by a client that left), which are debug noise.
 	proxyErrorLog *stdlog.Logger
-
-	ready    atomic.Bool
-	draining atomic.Bool
 }
 
-// serving is what exists while the server serves: Serve builds it.
-type serving struct {
-	*Server
+// replica is what exists while a Server serves: Serve builds it, run
+// serves with it, and it is gone when Serve returns.
+type replica struct {
+	// Static after start: the wiring, and the parts built from it.
+	srv       *Server
+	publicURL string // Config.PublicURL, or the default at the entry's port
 	frp       *embeddedFRP
 	gate      *gate.Gate // the tunnel port
 	members   *members   // which sessions serve which tunnel
 	metrics   *metrics
 	peers     http.Handler // forwards to other replicas
-	peerConns *connSlots   // the peer port's connections (nil: no peer port)
 
-	// What run serves on.
+	// Caps, each guarded by its own lock: the public entry's connections
+	// and the peer port's (nil: no peer port), side by side; and the
+	// requests in flight per tunnel and caller.
+	entryConns *connSlots
+	peerConns  *connSlots
+	inflight   *requestSlots
+
+	// Owned by run: what it serves on.
 	ls                                     Listeners
 	pluginLn                               net.Listener
 	pluginSrv, entrySrv, peerSrv, adminSrv *http.Server
+
+	// Set by run (ready) and drain (draining), read by /readyz.
+	ready    atomic.Bool
+	draining atomic.Bool
 }
 
 // Option customises a Server.
@@ -475,12 +484,10 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	}
 	s.certs = certs
 	s.tlsConfig = &tls.Config{GetCertificate: certs.GetCertificate, MinVersion: tls.VersionTLS12}
-	s.entryConns = newConnSlots(cfg.MaxHTTPConnections, cfg.MaxHTTPConnectionsPerIP, s.trustsAddr)
 	s.floodLog = log.WithOptions(zap.WrapCore(func(c zapcore.Core) zapcore.Core {
 		// Per message: the first 5 every 10s, then none until the next 10s.
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
 	}))
-	s.inflight = newRequestSlots(cfg.MaxRequestsPerTunnel, cfg.MaxRequestsPerCaller)
 	return s, nil
 }
 
@@ -560,15 +567,21 @@ func (s *Server) Serve(ctx context.Context, ls Listeners) error {
 }
 
 // start builds what serving needs and starts frp; run serves.
-func (s *Server) start(ctx context.Context, ls Listeners) (*serving, error) {
+func (s *Server) start(ctx context.Context, ls Listeners) (*replica, error) {
 	if ls.Peer != nil && s.peerTLS == nil {
 		closeAll(ls)
 		return nil, errors.New("a peer listener needs the peer channel's credentials: set --peer-secret-file (Config.PeerSecretFile)")
 	}
-	sv := &serving{Server: s, ls: ls}
+	sv := &replica{srv: s, ls: ls, publicURL: s.cfg.PublicURL,
+		entryConns: newConnSlots(s.cfg.MaxHTTPConnections, s.cfg.MaxHTTPConnectionsPerIP, s.trustsAddr),
+		inflight:   newRequestSlots(s.cfg.MaxRequestsPerTunnel, s.cfg.MaxRequestsPerCaller),
+	}
+	if sv.publicURL == "" {
+		sv.publicURL = defaultPublicURL(s.cfg.Domain, ls.HTTP.Addr())
+	}
 	// The metrics read the members and the gate's anonymous connections
 	// when scraped, by then made.
-	sv.metrics = newMetrics(func() []*member { return sv.members.list() }, func() int { return sv.gate.Anonymous() }, s.entryConns, s.registry)
+	sv.metrics = newMetrics(func() []*member { return sv.members.list() }, func() int { return sv.gate.Anonymous() }, sv.entryConns, s.registry)
 	var err error
 	sv.gate, err = gate.New(gate.Config{
 		TLS: s.tlsConfig, HeartbeatTimeout: s.cfg.HeartbeatTimeout, LoginTimeout: s.cfg.LoginTimeout,
@@ -591,9 +604,6 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*serving, error) {
 	pluginMux.Handle(pluginPath, plugin)
 	sv.pluginSrv = &http.Server{Handler: pluginMux, ReadHeaderTimeout: 10 * time.Second}
 
-	if s.cfg.PublicURL == "" {
-		s.cfg.PublicURL = defaultPublicURL(s.cfg.Domain, ls.HTTP.Addr())
-	}
 	if sv.frp, err = startFRP(s.cfg.Domain, sv.pluginLn.Addr().String(), pluginPath, plugin.Ops(), tunnel.NewConnListener(ls.Tunnel.Addr())); err != nil {
 		_ = sv.pluginLn.Close()
 		closeAll(ls)
@@ -625,15 +635,15 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*serving, error) {
 }
 
 // run serves until ctx ends, then drains.
-func (sv *serving) run(ctx context.Context) error {
-	s, ls := sv.Server, sv.ls
+func (sv *replica) run(ctx context.Context) error {
+	s, ls := sv.srv, sv.ls
 	// The registry outlives the drain: it tells where the clients moved,
 	// and removes this replica's entries last.
 	regCtx, stopRegistry := context.WithCancel(context.WithoutCancel(ctx))
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.registry.Run(regCtx) })
 	g.Go(func() error { return serveHTTP(sv.pluginSrv, sv.pluginLn) })
-	entryLn := &cappedListener{Listener: ls.HTTP, slots: s.entryConns, maxLines: maxEntryHeadLines,
+	entryLn := &cappedListener{Listener: ls.HTTP, slots: sv.entryConns, maxLines: maxEntryHeadLines,
 		report: sv.capReporter("public entry", entryCapLabels)}
 	g.Go(func() error { return serveHTTP(sv.entrySrv, entryLn) })
 	if sv.peerSrv != nil {
@@ -667,7 +677,7 @@ func (sv *serving) run(ctx context.Context) error {
 		s.log.Info("tunnel listener uses a self-signed certificate; pin it on clients with --tls-fingerprint",
 			zap.String("sha256_fingerprint", s.certs.Fingerprint()))
 	}
-	s.ready.Store(true)
+	sv.ready.Store(true)
 	err := g.Wait()
 	if ctx.Err() != nil && err == nil {
 		s.log.Info("tether server stopped")
