@@ -37,7 +37,10 @@ const (
 // Then in-flight requests, forwarded ones included, get what is left of
 // ShutdownTimeout to finish (connections that never sent a request close at
 // once), and the sessions that remain close.
-func (s *replica) drain(entrySrv, peerSrv *http.Server) {
+//
+// gateServed is closed when the gate's Serve has returned: from then on no
+// session starts, and the gate's sessions can all be closed and waited for.
+func (s *replica) drain(entrySrv, peerSrv *http.Server, gateServed <-chan struct{}) {
 	s.draining.Store(true)
 	deadline := time.Now().Add(s.srv.cfg.ShutdownTimeout)
 	s.srv.log.Info("draining", zap.Duration("timeout", s.srv.cfg.ShutdownTimeout), zap.Int("sessions", len(s.members.list())))
@@ -59,6 +62,7 @@ func (s *replica) drain(entrySrv, peerSrv *http.Server) {
 		})
 	}
 	s.closeUnusedWhile(&wg)
+	<-gateServed
 	s.gate.CloseAll("server shutting down")
 	s.gate.Wait()
 }

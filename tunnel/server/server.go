@@ -652,10 +652,14 @@ func (sv *replica) run(ctx context.Context) error {
 		g.Go(func() error { return serveHTTP(sv.peerSrv, peerLn) })
 	}
 	g.Go(func() error { return serveHTTP(sv.adminSrv, ls.Admin) })
-	g.Go(func() error { return sv.gate.Serve(gctx, ls.Tunnel) })
+	gateServed := make(chan struct{}) // closed when the gate accepts no more
+	g.Go(func() error {
+		defer close(gateServed)
+		return sv.gate.Serve(gctx, ls.Tunnel)
+	})
 	g.Go(func() error {
 		<-gctx.Done()
-		sv.drain(sv.entrySrv, sv.peerSrv)
+		sv.drain(sv.entrySrv, sv.peerSrv, gateServed)
 		_ = sv.adminSrv.Close()
 		_ = sv.pluginSrv.Close()
 		sv.frp.Close()
