@@ -149,13 +149,6 @@ func (rt *route) handleError(w http.ResponseWriter, req *http.Request, err error
 		w.WriteHeader(http.StatusBadGateway)
 		return
 	}
-	if rt.reroute != nil && rt.reroute(err) {
-		if sw, ok := w.(*StatusWriter); ok {
-			sw.rerouted = true
-		}
-		rt.log.Debug("request rerouted", zap.Error(err))
-		return
-	}
 	f := rt.classify(err)
 	rt.log.Warn("upstream request failed",
 		zap.String("code", f.code),

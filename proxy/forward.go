@@ -23,12 +23,14 @@ import (
 // does what httputil.ReverseProxy did for the router, for the router's
 // needs only: the outbound request shares the caller's header values instead
 // of a deep copy, and 1xx responses go straight to w instead of through an
-// httptrace hook. See the package doc for the behaviour.
-func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
+// httptrace hook. See the package doc for the behaviour. It returns false,
+// having written nothing, when elsewhere allows it and the upstream could
+// not be dialed with ErrNotDelivered (Router.Deliver).
+func (rt *route) forward(w http.ResponseWriter, in *http.Request, elsewhere bool) (delivered bool) {
 	out, err := rt.outbound(in)
 	if err != nil {
 		rt.handleError(w, in, err)
-		return
+		return true
 	}
 	if body, ok := out.Body.(*callerBody); ok {
 		// The body's writer may outlive this handler (an upstream that
@@ -43,15 +45,19 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 	}
 	res, err := rt.transport.roundTrip(out, rt.Timeout, w)
 	if err != nil {
+		if elsewhere && errors.Is(err, ErrNotDelivered) && in.Context().Err() == nil {
+			rt.log.Debug("request not delivered", zap.Error(err))
+			return false
+		}
 		rt.handleError(w, out, err)
-		return
+		return true
 	}
 	if rt.metrics != nil {
 		rt.metrics.latency.Observe(time.Since(start).Seconds())
 	}
 	if res.StatusCode == http.StatusSwitchingProtocols {
 		rt.switchProtocols(w, out, res)
-		return
+		return true
 	}
 
 	streamed := isStreamed(res)
@@ -79,7 +85,7 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 		res.Body.Close()
 		if errors.Is(err, errNoHead) {
 			rt.handleError(w, out, err)
-			return
+			return true
 		}
 		// The response is under way: all that is left is to abort it, so
 		// that the caller sees it cut short rather than complete. What Go's
@@ -89,12 +95,13 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 			_ = http.NewResponseController(w).Flush()
 			panic(http.ErrAbortHandler)
 		}
-		return
+		return true
 	}
 	res.Body.Close() // now, for res.Trailer
 	if len(res.Trailer) > 0 {
 		sendTrailers(w, res.Trailer, announced)
 	}
+	return true
 }
 
 // announceTrailers announces the trailers the upstream announced, in h, and

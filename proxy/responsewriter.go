@@ -16,7 +16,6 @@ type StatusWriter struct {
 	http.ResponseWriter
 	status   int  // final status, 0 until written
 	canceled bool // the caller went away before a response
-	rerouted bool // Options.Reroute took the request: nothing was written
 }
 
 // WriteHeader records the first final status (or 101) and passes it on.

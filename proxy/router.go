@@ -32,14 +32,6 @@ type Options struct {
 	// a smaller buffer while its response streams.
 	DialContext DialFunc
 
-	// Reroute, if set, is asked about every error of forwarding a request
-	// before the router answers it. When it returns true, the router
-	// answers nothing and counts nothing: its caller sends the request
-	// elsewhere. ServeHTTP then returns having written nothing. The tunnel
-	// server uses it when a tunnel session failed before any of the request
-	// reached it, to send the request through another session.
-	Reroute func(err error) bool
-
 	// Metrics, if set, receives the router's collectors:
 	// tether_proxy_requests_total{route,adapter,class} and
 	// tether_proxy_upstream_latency_seconds{route,adapter}.
@@ -67,7 +59,6 @@ type route struct {
 	transport   *transport // shared by the routes of one upstream
 	log         *zap.Logger
 	metrics     *routeMetrics // nil without metrics
-	reroute     func(error) bool
 }
 
 // ValidateRoutes checks routes as NewRouter does (at least one, prefixes
@@ -122,7 +113,6 @@ func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 			strip:       g.Upstream.Path != "",
 			dialTimeout: dialTimeout,
 			transport:   t,
-			reroute:     opts.Reroute,
 		}
 		rt.log = log.With(
 			zap.String("route", g.Prefix),
@@ -218,10 +208,29 @@ func (r *Router) Close() {
 // The upstream is always the route's: the request's Host header, an
 // absolute-form request target and X-Forwarded-Host never change where the
 // router dials.
-func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) { r.serve(w, req, false) }
+
+// ErrNotDelivered marks an error of Options.DialContext after which nothing
+// of the request has reached anyone, so that another way may take it: the
+// tunnel server wraps a tunnel session's failure in it.
+var ErrNotDelivered = errors.New("request not delivered")
+
+// Deliver is ServeHTTP for a caller that has another way to send req: when
+// dialing the upstream fails with ErrNotDelivered (and the caller is still
+// there), it answers nothing, counts nothing and returns false; the caller
+// sends req elsewhere. Otherwise it answers req as ServeHTTP does and
+// returns true. A StatusWriter carries one request from one attempt to the
+// next: the attempt that answers is counted once.
+func (r *Router) Deliver(w http.ResponseWriter, req *http.Request) (delivered bool) {
+	return r.serve(w, req, true)
+}
+
+// serve forwards or answers req; elsewhere says whether a request not
+// delivered is left to the caller (Deliver) or answered (ServeHTTP).
+func (r *Router) serve(w http.ResponseWriter, req *http.Request, elsewhere bool) (delivered bool) {
 	rt := r.routeFor(w, req)
 	if rt == nil {
-		return
+		return true
 	}
 	if req.ContentLength != 0 {
 		// Let the upstream answer while the body still streams in (Go's
@@ -231,22 +240,28 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	sw := attempt(w)
 	start := time.Now()
+	delivered = true
 	// Deferred, so that a response aborted mid-body (forward panics with
 	// http.ErrAbortHandler) is still counted.
-	defer rt.finish(sw, req, start)
-	rt.forward(sw, req)
+	defer func() {
+		if delivered {
+			rt.finish(sw, req, start)
+		}
+	}()
+	delivered = rt.forward(sw, req, elsewhere)
+	return delivered
 }
 
 // attempt returns the StatusWriter that records this router's answer on w:
 // w itself when it is one (the server's entry wraps every request in one,
 // for its own metrics), so that one request has one record of its status.
-// What the router noted of an earlier attempt on it (a reroute) is cleared.
+// What the router noted of an earlier attempt on it is cleared.
 func attempt(w http.ResponseWriter) *StatusWriter {
 	sw, ok := w.(*StatusWriter)
 	if !ok {
 		return NewStatusWriter(w)
 	}
-	sw.canceled, sw.rerouted = false, false
+	sw.canceled = false
 	return sw
 }
 
@@ -296,9 +311,6 @@ func (r *Router) reject(w http.ResponseWriter, req *http.Request, status int, co
 
 // finish logs and counts a forwarded request.
 func (rt *route) finish(sw *StatusWriter, req *http.Request, start time.Time) {
-	if sw.rerouted {
-		return
-	}
 	rt.metrics.count(sw.status, sw.canceled)
 	if ce := rt.log.Check(zapcore.DebugLevel, "request"); ce != nil {
 		ce.Write(

@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -270,25 +269,20 @@ func TestDefaultRoutesRouting(t *testing.T) {
 	}
 }
 
-// Reroute takes the errors it wants: the router then answers nothing and
-// counts nothing, and its caller serves the request elsewhere. Other errors
-// are answered as always. The caller's StatusWriter carries the request
-// from one attempt to the next, as the server's entry does: the attempt
-// that answers is counted once.
-func TestRouterReroute(t *testing.T) {
-	errSession := errors.New("the session could not carry the dial")
-	var offered []error
+// Deliver leaves a request whose dial failed with ErrNotDelivered to its
+// caller: it answers nothing, counts nothing and says so, and the caller
+// serves the request elsewhere. Other errors are answered as always, and
+// ServeHTTP answers every one. The caller's StatusWriter carries the
+// request from one attempt to the next, as the server's entry does: the
+// attempt that answers is counted once.
+func TestRouterDeliver(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	r, err := NewRouter([]Route{{Prefix: "/", Upstream: mustURL(t, "http://upstream.test:80")}}, zaptest.NewLogger(t), Options{
 		DialContext: func(ctx context.Context, _, addr string) (net.Conn, error) {
 			if strings.HasPrefix(fmt.Sprint(ctx.Value(rerouteKey{})), "session") {
-				return nil, errSession
+				return nil, fmt.Errorf("%w: the session could not carry the dial", ErrNotDelivered)
 			}
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
-		},
-		Reroute: func(err error) bool {
-			offered = append(offered, err)
-			return errors.Is(err, errSession)
 		},
 		Metrics: reg,
 	})
@@ -299,20 +293,20 @@ func TestRouterReroute(t *testing.T) {
 	rec := httptest.NewRecorder()
 	sw := NewStatusWriter(rec)
 	for _, tc := range []struct {
-		cause      string
-		wantStatus int
+		cause         string
+		wantDelivered bool
+		wantStatus    int
 	}{
-		{"session", 0},                      // rerouted: nothing written
-		{"upstream", http.StatusBadGateway}, // answered: 502 upstream_unreachable
+		{"session", false, 0},                     // not delivered: nothing written
+		{"upstream", true, http.StatusBadGateway}, // answered: 502 upstream_unreachable
 	} {
 		req := httptest.NewRequestWithContext(context.WithValue(t.Context(), rerouteKey{}, tc.cause), http.MethodGet, "/x", nil)
-		r.ServeHTTP(sw, req)
+		if delivered := r.Deliver(sw, req); delivered != tc.wantDelivered {
+			t.Errorf("%s failure: delivered %v, want %v", tc.cause, delivered, tc.wantDelivered)
+		}
 		if sw.Status() != tc.wantStatus {
 			t.Errorf("%s failure: status %d, want %d (body %q)", tc.cause, sw.Status(), tc.wantStatus, rec.Body.String())
 		}
-	}
-	if len(offered) != 2 {
-		t.Errorf("Reroute was offered %d errors, want 2", len(offered))
 	}
 	requests := gather(t, reg, "tether_proxy_requests_total")
 	var counted float64
@@ -321,6 +315,14 @@ func TestRouterReroute(t *testing.T) {
 	}
 	if got := requests["adapter=custom,class=5xx,route=/"].value; got != 1 || counted != 1 {
 		t.Errorf("requests counted: 5xx %v, all %v; want the answered attempt once", got, counted)
+	}
+
+	// ServeHTTP has nowhere else to send it: it answers.
+	rec = httptest.NewRecorder()
+	req := httptest.NewRequestWithContext(context.WithValue(t.Context(), rerouteKey{}, "session"), http.MethodGet, "/x", nil)
+	r.ServeHTTP(rec, req)
+	if rec.Code != http.StatusBadGateway {
+		t.Errorf("ServeHTTP of a request not delivered: status %d, want %d", rec.Code, http.StatusBadGateway)
 	}
 }
 

@@ -40,7 +40,7 @@ func (s *replica) serveEntry(w http.ResponseWriter, r *http.Request) {
 	s.srv.setForwarded(r)
 	body, w := s.watchBody(w, r)
 	rec := proxy.NewStatusWriter(w)
-	s.route(rec, r, name, false)
+	s.route(rec, r, name, origin{})
 	status := rec.Status()
 	if body.stalled() {
 		s.answerStalled(body, r)
@@ -63,11 +63,11 @@ const tunnelWait = 3 * time.Second
 // to tunnelWait for a session here or another holder, then answers 503
 // tunnel_down (502 replica_unreachable when a holder could not be
 // connected to). A request a
-// replica forwarded (fromPeer) is served here or refused at once: the
+// replica forwarded (from.peer) is served here or refused at once: the
 // replica that forwarded it tries the next holder. A request beyond the
 // tunnel's slots here (requestslots.go), whichever way it goes, is answered
 // at once: 503 tunnel_busy, or 429 caller_busy beyond its caller's share.
-func (s *replica) route(w *proxy.StatusWriter, r *http.Request, name string, fromPeer bool) {
+func (s *replica) route(w *proxy.StatusWriter, r *http.Request, name string, from origin) {
 	slot, ok := s.takeSlot(w, r, name)
 	if !ok {
 		return
@@ -81,14 +81,14 @@ func (s *replica) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 	for {
 		holders := without(s.srv.registry.Holders(name), passed)
 		// A session a drain retired still serves when nothing else can.
-		if m := s.members.pick(name, fromPeer || len(holders) == 0, tried); m != nil {
+		if m := s.members.pick(name, from.peer || len(holders) == 0, tried); m != nil {
 			if s.serveBy(m, w, r, body) {
 				return
 			}
 			tried = append(tried, m)
 			continue
 		}
-		if !fromPeer && len(holders) > 0 {
+		if !from.peer && len(holders) > 0 {
 			done, unreachedNow := s.forward(w, r, holders, body)
 			if done {
 				return
@@ -99,12 +99,12 @@ func (s *replica) route(w *proxy.StatusWriter, r *http.Request, name string, fro
 			}
 			continue
 		}
-		if fromPeer || waited {
+		if from.peer || waited {
 			if unreached && len(tried) == 0 {
 				writeReplicaUnreachable(w)
 				return
 			}
-			s.answerUnserved(w, r, name, tried, fromPeer)
+			s.answerUnserved(w, r, name, tried, from)
 			return
 		}
 		// A client may be reconnecting: wait for a session, here or on
@@ -161,7 +161,7 @@ func without(holders []registry.Holder, passed []string) []registry.Holder {
 // failed under the request), 503 when none serves the tunnel any more. A
 // request that came as a client died, to a session that died with it, is
 // answered as one that came just after: the tunnel is down.
-func (s *replica) answerUnserved(w http.ResponseWriter, r *http.Request, name string, tried []*member, fromPeer bool) {
+func (s *replica) answerUnserved(w http.ResponseWriter, r *http.Request, name string, tried []*member, from origin) {
 	if slices.ContainsFunc(tried, func(m *member) bool { return m.sess.Alive() }) {
 		s.metrics.unrouted.WithLabelValues("tunnel_disconnected").Inc()
 		tried[0].sess.Logger().Warn("request not delivered: every session of the tunnel failed under it",
@@ -170,9 +170,9 @@ func (s *replica) answerUnserved(w http.ResponseWriter, r *http.Request, name st
 		proxy.WriteError(w, status, code, msg)
 		return
 	}
-	if fromPeer {
+	if from.peer {
 		// The replica that forwarded the request tries another holder.
-		markPeerMiss(w, r)
+		from.markMiss(w)
 	}
 	s.metrics.unrouted.WithLabelValues("tunnel_down").Inc()
 	proxy.WriteError(w, http.StatusServiceUnavailable, "tunnel_down",
@@ -187,9 +187,9 @@ func (s *replica) serveBy(m *member, w *proxy.StatusWriter, r *http.Request, bod
 	if !ok {
 		return false
 	}
-	h.ServeHTTP(w, r)
-	if w.Status() == 0 && r.Context().Err() == nil {
-		// The router left the request to us (proxy.Options.Reroute).
+	if delivered := h.Deliver(w, r); !delivered && r.Context().Err() == nil {
+		// Nothing of it reached the client: another session may take it,
+		// unless part of its body was read.
 		return body.started() && s.answerUndelivered(m, w)
 	}
 	m.countRequest(w.Status())

@@ -385,7 +385,7 @@ func TestUnservedAnswerFollowsTheTriedSessions(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			rec := httptest.NewRecorder()
 			req := httptest.NewRequest(http.MethodGet, "http://alpha."+testDomain+"/", nil)
-			s.answerUnserved(rec, req, "alpha", tc.tried, false)
+			s.answerUnserved(rec, req, "alpha", tc.tried, origin{})
 			if rec.Code != tc.status || rec.Header().Get("X-Tether-Error") != tc.code {
 				t.Errorf("answer %d %q (%s), want %d %s", rec.Code, rec.Header().Get("X-Tether-Error"), rec.Body, tc.status, tc.code)
 			}

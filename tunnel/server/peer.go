@@ -64,19 +64,24 @@ func (s *replica) servePeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.peerServed.Inc()
-	if miss != "" {
-		r = r.WithContext(context.WithValue(r.Context(), peerMissKey{}, miss))
-	}
-	s.route(proxy.NewStatusWriter(w), r, name, true)
+	s.route(proxy.NewStatusWriter(w), r, name, origin{peer: true, missMark: miss})
 }
 
-// peerMissKey is the context key of a forwarded request's miss mark.
-type peerMissKey struct{}
+// origin is where a request route serves came from: the public entry (the
+// zero value), or another replica.
+type origin struct {
+	// peer: another replica forwarded it. It is served here or refused at
+	// once, and that replica tries the tunnel's next holder.
+	peer bool
+	// missMark is the forwarding replica's mark for an answer that says
+	// this replica no longer serves the tunnel (peerMissHeader).
+	missMark string
+}
 
-// markPeerMiss marks w's answer to forwarded request r as a miss.
-func markPeerMiss(w http.ResponseWriter, r *http.Request) {
-	if mark, _ := r.Context().Value(peerMissKey{}).(string); mark != "" {
-		w.Header().Set(peerMissHeader, mark)
+// markMiss marks w's answer to a forwarded request as a miss.
+func (o origin) markMiss(w http.ResponseWriter) {
+	if o.missMark != "" {
+		w.Header().Set(peerMissHeader, o.missMark)
 	}
 }
 
@@ -88,15 +93,15 @@ func markPeerMiss(w http.ResponseWriter, r *http.Request) {
 // then wait for the tunnel's client to reconnect elsewhere. unreached
 // reports whether a holder could not be connected to.
 func (s *replica) forward(w http.ResponseWriter, r *http.Request, holders []registry.Holder, body *guardedBody) (done, unreached bool) {
-	att := &peerAttempt{holders: holders, body: body}
-	s.peers.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), holdersKey{}, att)))
+	att := &peerAttempt{via: s.peers.transport, holders: holders, body: body}
+	s.peers.forward(w, r, att)
 	return !att.passed.Load(), att.unreached.Load()
 }
 
-type holdersKey struct{}
-
-// peerAttempt is one forwarded request's holders, tried in turn.
+// peerAttempt is one forwarded request's holders, tried in turn: the
+// RoundTripper of its forward.
 type peerAttempt struct {
+	via     *peerTransport
 	holders []registry.Holder
 	body    *guardedBody
 	// passed is set when every holder was passed over and nothing of the
@@ -106,13 +111,44 @@ type peerAttempt struct {
 	unreached atomic.Bool
 }
 
+func (att *peerAttempt) RoundTrip(req *http.Request) (*http.Response, error) {
+	return att.via.roundTrip(req, att)
+}
+
+// peerProxy forwards requests to other replicas.
+type peerProxy struct {
+	// template is copied for each forward, which sets the copy's
+	// Transport and ErrorHandler to the attempt's.
+	template  httputil.ReverseProxy
+	transport *peerTransport
+	log       *zap.Logger
+}
+
+// forward sends r to att's holders and the answer back to w.
+func (p *peerProxy) forward(w http.ResponseWriter, r *http.Request, att *peerAttempt) {
+	rp := p.template
+	rp.Transport = att
+	rp.ErrorHandler = func(w http.ResponseWriter, r *http.Request, err error) {
+		if r.Context().Err() != nil {
+			return // the caller went away; nobody reads an answer
+		}
+		p.log.Warn("request to another replica failed", zap.String("host", r.Host), zap.Error(err))
+		if errors.Is(err, errNoHolderReached) {
+			att.passed.Store(true) // route decides what to answer
+			return
+		}
+		writeReplicaUnreachable(w)
+	}
+	rp.ServeHTTP(w, r)
+}
+
 // errNoHolderReached: a forwarded request reached none of the tunnel's
 // holders that still serve it, and nothing of its body was sent.
 var errNoHolderReached = errors.New("no replica that serves the tunnel could be reached")
 
 // newPeerProxy is the reverse proxy that forwards requests to other
 // replicas.
-func (s *replica) newPeerProxy() *httputil.ReverseProxy {
+func (s *replica) newPeerProxy() *peerProxy {
 	transport := &http.Transport{
 		DialTLSContext: s.peerDialer(),
 		// No response-header timeout: the replica that serves the tunnel
@@ -126,30 +162,22 @@ func (s *replica) newPeerProxy() *httputil.ReverseProxy {
 	// HTTP/1.1: websocket upgrades pass through it.
 	transport.Protocols = new(http.Protocols)
 	transport.Protocols.SetHTTP1(true)
-	return &httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) {
-			pr.Out.URL.Scheme = "https"
-			pr.Out.Host = pr.In.Host
-			// Rewrite drops X-Forwarded-*; the entry set them, and the
-			// replica that serves the tunnel passes them on.
-			for _, h := range forwardedHeaders {
-				pr.Out.Header[h] = pr.In.Header[h]
-			}
+	return &peerProxy{
+		template: httputil.ReverseProxy{
+			Rewrite: func(pr *httputil.ProxyRequest) {
+				pr.Out.URL.Scheme = "https"
+				pr.Out.Host = pr.In.Host
+				// Rewrite drops X-Forwarded-*; the entry set them, and the
+				// replica that serves the tunnel passes them on.
+				for _, h := range forwardedHeaders {
+					pr.Out.Header[h] = pr.In.Header[h]
+				}
+			},
+			BufferPool: bufferPool{},
+			ErrorLog:   s.srv.proxyErrorLog,
 		},
-		Transport:  &peerTransport{next: transport, self: s.srv.cfg.ReplicaID, outcomes: s.metrics.forwarded},
-		BufferPool: bufferPool{},
-		ErrorLog:   s.srv.proxyErrorLog,
-		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
-			if r.Context().Err() != nil {
-				return // the caller went away; nobody reads an answer
-			}
-			s.srv.floodLog.Warn("request to another replica failed", zap.String("host", r.Host), zap.Error(err))
-			if att, _ := r.Context().Value(holdersKey{}).(*peerAttempt); att != nil && errors.Is(err, errNoHolderReached) {
-				att.passed.Store(true) // route decides what to answer
-				return
-			}
-			writeReplicaUnreachable(w)
-		},
+		transport: &peerTransport{next: transport, self: s.srv.cfg.ReplicaID, outcomes: s.metrics.forwarded},
+		log:       s.srv.floodLog,
 	}
 }
 
@@ -185,9 +213,9 @@ type peerTransport struct {
 	turn     atomic.Uint32
 }
 
-func (t *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	att, _ := req.Context().Value(holdersKey{}).(*peerAttempt)
-	if att == nil || len(att.holders) == 0 {
+// roundTrip sends req to att's holders in turn.
+func (t *peerTransport) roundTrip(req *http.Request, att *peerAttempt) (*http.Response, error) {
+	if len(att.holders) == 0 {
 		return nil, errors.New("no replica holds the tunnel")
 	}
 	holders := att.holders

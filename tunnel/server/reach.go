@@ -1,6 +1,7 @@
 package server
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -19,7 +20,10 @@ import (
 
 // sessionHandler is how requests reach one session's client.
 type sessionHandler interface {
-	http.Handler
+	// Deliver serves r through the session and reports whether it did:
+	// false, having written nothing, when the session failed before any
+	// of r reached the client, so that another session may take it.
+	Deliver(w http.ResponseWriter, r *http.Request) (delivered bool)
 	// CloseIdle closes the idle connections (streams) it keeps for later
 	// requests; requests in flight go on.
 	CloseIdle()
@@ -68,8 +72,9 @@ func parseAdvertised(raw *string) ([]proxy.Route, error) {
 // one of its own and then only copies bytes. Streams stay open in
 // per-upstream keep-alive pools, so a request costs no new stream and no new
 // dial. When the session fails before a request reached it, the router
-// leaves the request to the entry, which sends it through another session
-// (Reroute).
+// says so (proxy.Router.Deliver, with the session's failures marked
+// proxy.ErrNotDelivered by sessionDialer), and the entry sends the request
+// through another session.
 //
 // A stock frpc advertises nothing (stock) and is reached through frp's
 // own HTTP vhost, which routes by Host to the tunnel's load-balancing group.
@@ -84,7 +89,7 @@ func (s *replica) newHandler(sess *gate.Session, stock bool) sessionHandler {
 			sess.Logger().Error("build the session's router", zap.Error(err))
 			return nil, err
 		}
-		router, err := proxy.NewRouter(routes, sampled(sess.Logger(), routerLogPeriod), proxy.Options{DialContext: sess.Dial, Reroute: reroutable})
+		router, err := proxy.NewRouter(routes, sampled(sess.Logger(), routerLogPeriod), proxy.Options{DialContext: sessionDialer(sess)})
 		if err != nil {
 			sess.Logger().Error("build the session's router", zap.Error(err))
 			return nil, err
@@ -118,15 +123,15 @@ func (l *lazyHandler) handler() (sessionHandler, error) {
 	return l.h, l.err
 }
 
-func (l *lazyHandler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (l *lazyHandler) Deliver(w http.ResponseWriter, r *http.Request) bool {
 	h, err := l.handler()
 	if err != nil {
 		// Login checked the routes as the router does: this is a bug,
 		// not the client's doing.
 		proxy.WriteError(w, http.StatusBadGateway, "tunnel_error", "tether: the tunnel's routes could not be served; reconnect the client")
-		return
+		return true
 	}
-	h.ServeHTTP(w, r)
+	return h.Deliver(w, r)
 }
 
 func (l *lazyHandler) CloseIdle() {
@@ -196,11 +201,17 @@ func (c *sampledCore) Check(ent zapcore.Entry, ce *zapcore.CheckedEntry) *zapcor
 	return c.Core.Check(ent, ce)
 }
 
-// reroutable reports whether a request that failed with err never reached
-// the client: its session could not carry the dial.
-func reroutable(err error) bool {
-	var de *gate.SessionError
-	return errors.As(err, &de)
+// sessionDialer is the router's DialContext for sess: sess.Dial, its
+// failures of the session itself (*gate.SessionError: nothing of the
+// request reached the client) marked proxy.ErrNotDelivered.
+func sessionDialer(sess *gate.Session) proxy.DialFunc {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		conn, err := sess.Dial(ctx, network, addr)
+		if se := (*gate.SessionError)(nil); errors.As(err, &se) {
+			return nil, fmt.Errorf("%w: %w", proxy.ErrNotDelivered, err)
+		}
+		return conn, err
+	}
 }
 
 // routerHandler is a tether client's router.
@@ -210,8 +221,14 @@ func (h routerHandler) CloseIdle() { h.Close() }
 
 // vhostHandler forwards to frp's HTTP vhost, for a stock frpc's session.
 type vhostHandler struct {
-	*httputil.ReverseProxy
+	proxy     *httputil.ReverseProxy
 	transport *vhostTransport
+}
+
+// Deliver always delivers: frp's vhost picks the session itself.
+func (h vhostHandler) Deliver(w http.ResponseWriter, r *http.Request) bool {
+	h.proxy.ServeHTTP(w, r)
+	return true
 }
 
 func (h vhostHandler) CloseIdle() { h.transport.CloseIdleConnections() }
@@ -224,7 +241,7 @@ func (h vhostHandler) CloseIdle() { h.transport.CloseIdleConnections() }
 // end).
 func (s *replica) vhostProxy() vhostHandler {
 	transport := s.frp.vhostTransport(s.srv.floodLog)
-	return vhostHandler{transport: transport, ReverseProxy: &httputil.ReverseProxy{
+	return vhostHandler{transport: transport, proxy: &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.Out.URL.Scheme = "http"
 			pr.Out.URL.Host = s.frp.vhostAddr

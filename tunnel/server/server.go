@@ -421,7 +421,7 @@ type replica struct {
 	gate      *gate.Gate // the tunnel port
 	members   *members   // which sessions serve which tunnel
 	metrics   *metrics
-	peers     http.Handler // forwards to other replicas
+	peers     *peerProxy // forwards to other replicas
 
 	// Caps, each guarded by its own lock: the public entry's connections
 	// and the peer port's (nil: no peer port), side by side; and the
