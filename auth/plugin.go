@@ -31,7 +31,8 @@ const SessionMetaKey = "tether_session"
 const maxPluginBody = 64 << 10
 
 // Tunnels is the server state the plugin consults; the tunnel server's
-// registry implements it. Methods are called concurrently, from the plugin's
+// membership (tunnel/server's members: which sessions serve which tunnel)
+// implements it. Methods are called concurrently, from the plugin's
 // HTTP handler, while frp waits for the answer: they must not block for long.
 type Tunnels interface {
 	// Login binds session sessionID to the verified claims under the frp

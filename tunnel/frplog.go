@@ -1,6 +1,3 @@
-// Package tunnel holds what tether's embedded frp server and client share:
-// the bridge from frp's process-wide logger into zap. The server and the
-// client themselves live in tunnel/server and tunnel/client.
 package tunnel
 
 import (

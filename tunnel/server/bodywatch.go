@@ -71,9 +71,13 @@ func (s *replica) answerStalled(bw *bodyWatch, r *http.Request) {
 // idleBody is a request body whose every read must bring a byte within
 // timeout.
 type idleBody struct {
+	// Static after watchBody.
 	io.ReadCloser
 	rc      *http.ResponseController
 	timeout time.Duration
+
+	// Written by Read, read by timedOut (the handler's goroutine, which
+	// may answer while a read is still under way).
 	// readingUntil is the deadline of the read in progress, in Unix
 	// nanoseconds; 0 while none is.
 	readingUntil atomic.Int64

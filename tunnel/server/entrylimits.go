@@ -123,8 +123,10 @@ type connSlots struct {
 	perIP  int
 	exempt func(netip.Addr) bool // addresses the per-address cap does not count; nil: none
 
-	open atomic.Int64 // for the gauge; written under mu
+	// Written under mu, read without it (the gauge).
+	open atomic.Int64
 
+	// Guarded by mu.
 	mu      sync.Mutex
 	waiting connList // every waiting connection
 	byIP    map[netip.Addr]*sourceConns
@@ -346,12 +348,16 @@ func (l *cappedListener) Accept() (net.Conn, error) {
 // the head's lines, refusing the request with 431 beyond the bound, and
 // refuses one whose length is ambiguous (headLines).
 type cappedConn struct {
+	// Static after admit.
 	net.Conn
 	slots  *connSlots
 	src    *sourceConns // nil when the per-address cap does not count it
 	ip     netip.Addr   // the address it counts under
 	report func(net.Conn, capEvent)
-	head   headLines
+
+	// Owned by the connection's reading goroutine.
+	head headLines
+
 	// waiting mirrors being on the waiting lists, for Read to check
 	// without the lock; written under slots.mu.
 	waiting atomic.Bool
@@ -455,8 +461,13 @@ func trackConns(conn net.Conn, state http.ConnState) {
 // body. Only the connection's reading goroutine scans; the ConnState hook
 // runs on it too, or before it starts.
 type headLines struct {
-	max     int
+	// Static after admit.
+	max int
+
+	// Set by the ConnState hook and the scan, read by Read.
 	reading atomic.Bool
+
+	// Owned by the reading goroutine.
 	lines   int // lines ended so far, the request line included
 	partial int // bytes of the line not ended yet
 	// partialCR is set when those bytes are one "\r".

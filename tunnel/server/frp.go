@@ -45,6 +45,7 @@ import (
 //     connection there is read for up to 10s, then held unanswered until the
 //     server stops; Service.Close would free it, but also stops frp.
 type embeddedFRP struct {
+	// Static after startFRP.
 	svc       *frpserver.Service
 	vhostAddr string // 127.0.0.1:port of frp's HTTP vhost
 	conns     *tunnel.ConnListener

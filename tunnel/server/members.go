@@ -17,34 +17,11 @@ import (
 	"github.com/tether-dev/tether/tunnel/server/registry"
 )
 
-// A tunnel client's login, in the order it runs, one package after the
-// other:
-//
-//  1. The gate (package gate) reads the frp Login on a connection's first
-//     stream. A probe is answered there, with what Probe says (probe.go).
-//     A login is admitted once per connection, stamped with the session's
-//     ID and handed to frp (gate.Host's HandOver).
-//  2. frp asks the auth plugin (auth.Plugin): it verifies the token, scopes
-//     the client's run ID to the tunnel (auth.ScopedRunID) and calls
-//     members.Login.
-//  3. Login binds the session to the tunnel (gate.Session.Bind) and makes
-//     it a member of the tunnel here: its routes checked, its handler made
-//     (it builds the router at the first request), the tunnel's members
-//     joined (a live session with the same run ID is the client's own
-//     stale one, and is replaced), its life bounded by its token, and a
-//     tether client told which replica it reached (a hello notice).
-//  4. frp accepts the login, and the client registers its route. The plugin
-//     checks it and puts it in the tunnel's group; AddRoute makes the
-//     member serve requests, and the registry learns that this replica
-//     serves the tunnel.
-//  5. The session ends with its connection: the gate tells Ended, the
-//     member leaves, and the registry learns when the tunnel's last member
-//     here is gone.
-
 // members is which sessions serve which tunnel on this replica: every fact
 // about a logged-in session that is not the session's own (its route, how
 // far it serves, its handler, its requests) has its one owner here, under
-// one lock. It implements auth.Tunnels, takes the gate's word on silent
+// one lock. Steps 3, 4 and 6 of a login (the package doc) are its own. It
+// implements auth.Tunnels, takes the gate's word on silent
 // and ended sessions, and is the only one to tell the registry when this
 // replica starts and stops serving a tunnel: the registry itself knows
 // names and replicas only.
@@ -323,7 +300,7 @@ func (ms *members) Silent(sess *gate.Session) {
 }
 
 // Ended is the end of a session's connection (gate.Host): its member
-// leaves. It is safe for a session that never joined or already left.
+// leaves (steps 5 and 6). It is safe for a session that never joined or already left.
 func (ms *members) Ended(sess *gate.Session) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
@@ -558,3 +535,12 @@ func (ms *members) info(m *member) Info {
 // countRequest records one request routed to m by its status code (0 =
 // failed before a response).
 func (m *member) countRequest(status int) { m.requests[statusClass(status)].Add(1) }
+
+// requestCounts are the member's requests by status class, as counted by
+// countRequest.
+func (m *member) requestCounts() (counts [6]uint64) {
+	for class := range m.requests {
+		counts[class] = m.requests[class].Load()
+	}
+	return counts
+}

@@ -17,6 +17,8 @@ import (
 // read from the registry at scrape time instead of being kept in vectors
 // that would remember every tunnel ever seen.
 type metrics struct {
+	// Static after newMetrics: the registry and its collectors, each safe
+	// for concurrent use.
 	reg              *prometheus.Registry
 	sessionsReplaced prometheus.Counter
 	loginsAccepted   prometheus.Counter
@@ -190,8 +192,8 @@ func (c tunnelCollector) Collect(ch chan<- prometheus.Metric) {
 		var in, out uint64
 		for ; i < len(sessions) && sessions[i].sess.Tunnel() == name; i++ {
 			m := sessions[i]
-			for class := range m.requests {
-				requests[class] += m.requests[class].Load()
+			for class, n := range m.requestCounts() {
+				requests[class] += n
 			}
 			sin, sout := m.sess.Traffic()
 			in += sin

@@ -101,9 +101,14 @@ func (s *replica) forward(w http.ResponseWriter, r *http.Request, holders []regi
 // peerAttempt is one forwarded request's holders, tried in turn: the
 // RoundTripper of its forward.
 type peerAttempt struct {
+	// Static after forward made it.
 	via     *peerTransport
 	holders []registry.Holder
 	body    *guardedBody
+
+	// Set by the transport and the proxy's error handler, read by forward
+	// once the proxy returned.
+	//
 	// passed is set when every holder was passed over and nothing of the
 	// body was sent: no answer was written.
 	passed atomic.Bool

@@ -90,7 +90,8 @@ const (
 	maxPeerResponseHeaderBytes = 64 << 10
 )
 
-// peerCredentials are the peer channel's credentials at one moment.
+// peerCredentials are the peer channel's credentials at one moment. A
+// value is never changed once made: peerTLS replaces it whole.
 type peerCredentials struct {
 	cert  *tls.Certificate // this replica's
 	roots *x509.CertPool   // the CAs a replica's certificate chains to
@@ -115,6 +116,7 @@ type peerTLS struct {
 	replica                   string
 	log                       *zap.Logger
 
+	// Guarded by mu.
 	mu      sync.Mutex
 	creds   *peerCredentials
 	stamp   string    // of the files the credentials came from

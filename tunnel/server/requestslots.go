@@ -40,6 +40,7 @@ type requestSlots struct {
 	// Static after construction.
 	perTunnel, longPerTunnel, perCaller int
 
+	// Guarded by mu.
 	mu      sync.Mutex
 	tunnels map[string]tunnelLoad // no entry for none
 	callers map[requestSlot]int   // requests of a caller, by kind; no entry for none

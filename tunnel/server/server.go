@@ -1,33 +1,3 @@
-// Package server is tether's tunnel server: it accepts tunnel clients,
-// verifies who they are, and serves each tunnel's HTTP route at
-// <tunnel>.<domain>.
-//
-// The engine is an embedded frp server. In front of it sits tether's session
-// layer (the gate: TLS, yamux, one identity per connection, and limits on
-// what a connection may cost before it has logged in), behind it the auth
-// plugin (JWT logins, route rules), and beside it the public HTTP entry
-// (with its own caps on connections, request heads and bodies,
-// entrylimits.go and bodywatch.go, and fair shares of each tunnel's
-// requests, requestslots.go) and the admin endpoints.
-//
-//	srv, err := server.New(server.Config{
-//		TunnelAddr: ":7000", HTTPAddr: ":8080", AdminAddr: "127.0.0.1:7700",
-//		Domain: "tunnels.example.com",
-//	}, verifier, log)
-//	err = srv.Run(ctx) // until ctx ends; then drains
-//
-// A tunnel may have several sessions (several client processes, or one
-// client's --connections), and several replicas may serve one domain behind
-// an L4 load balancer: they share a registry of which replica serves which
-// tunnel (package registry: in memory for one replica, Redis for several),
-// and each forwards a request for a tunnel it does not serve to one that
-// does, over its peer listener: TLS between replicas, each authenticated by
-// a certificate made from the shared peer secret (peertls.go). On shutdown
-// a replica drains: its clients move to other replicas before their
-// sessions here close.
-//
-// It does not terminate TLS for the public HTTP entry (put an ingress or load
-// balancer in front).
 package server
 
 import (
@@ -391,6 +361,7 @@ func isLoopback(addr string) bool {
 // configuration and the wiring, static after New; what exists while it
 // serves is a replica, which Serve builds.
 type Server struct {
+	// Static after New: the configuration, and what New made of it.
 	cfg        Config
 	verifier   *auth.Verifier
 	registry   registry.Registry
@@ -399,6 +370,7 @@ type Server struct {
 	certs      *certificates
 	tlsConfig  *tls.Config
 
+	// Static after New: the loggers.
 	log *zap.Logger
 	// floodLog is log, sampled: for what a client can make the server log
 	// as often as it likes (refused connections and streams, limits).

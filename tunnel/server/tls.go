@@ -23,8 +23,10 @@ import (
 // cert-manager Secret takes effect without a restart), or a self-signed one
 // made at start.
 type certificates struct {
+	// Static after construction.
 	certFile, keyFile string
 
+	// Guarded by mu.
 	mu      sync.Mutex
 	cert    *tls.Certificate
 	stamp   string    // modification times and sizes of the files loaded

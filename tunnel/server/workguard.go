@@ -38,6 +38,12 @@ import (
 // them too, for the methods that decide how the answers are framed (HEAD).
 // A protocol switch (101 to an upgrade the request asked for, 2xx to a
 // CONNECT) ends the following: the bytes are no longer HTTP.
+//
+// The guard is the server's, not the gate's, although it wraps a stream
+// the gate admitted: it reads HTTP with the router's bounds and head
+// scanner (package proxy) and the entry's (maxEntryHeaderBytes), and its
+// mark is shared with frp's vhost transport (frp.go). The gate moves
+// bytes and frp messages and imports no HTTP code.
 
 // guardHeader carries the guard's mark in the 502 it answers for a tenant:
 // the vhost transport takes an answer with the mark for tether's, and
@@ -64,6 +70,7 @@ func (f *embeddedFRP) guardWork(stream net.Conn, v2 bool) net.Conn {
 
 // workGuard is a work connection as frp reads and writes it.
 type workGuard struct {
+	// Static after guardWork.
 	net.Conn // the stream
 	mark     string
 
@@ -371,7 +378,8 @@ func chunked(te []string) bool { return len(te) > 0 && te[0] == "chunked" }
 
 // chunkedBody follows a chunked body as net/http's chunked reader reads it:
 // size lines ending in CRLF with no other CR and shorter than 4 KiB, data,
-// CRLF, and after the last chunk, trailer lines up to a blank line.
+// CRLF, and after the last chunk, trailer lines up to a blank line. It is
+// owned by the side of the workGuard that follows the body.
 type chunkedBody struct {
 	phase uint8  // chunkSize, chunkData, chunkEnd, chunkTrailer
 	line  []byte // the size line so far
