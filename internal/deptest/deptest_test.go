@@ -9,6 +9,7 @@ import (
 	"io"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -21,6 +22,7 @@ type pkg struct {
 	Dir        string
 	GoFiles    []string
 	Imports    []string
+	Deps       []string
 }
 
 func listPackages(t *testing.T) []pkg {
@@ -104,4 +106,35 @@ func TestFRPInAuthOnlyInThePluginAdapter(t *testing.T) {
 		return
 	}
 	t.Fatal("package auth not found")
+}
+
+// TestGateStandsAlone keeps the tunnel port (tunnel/server/gate) below the
+// rest of the server: it reaches it only through its Host and Observer
+// interfaces. It imports neither the server, the registry, the HTTP router
+// (proxy), Prometheus nor an HTTP reverse proxy; the server, the registry
+// and the router not even through another package.
+func TestGateStandsAlone(t *testing.T) {
+	const gate = module + "/tunnel/server/gate"
+	banned := func(imp string) bool {
+		return imp == module+"/tunnel/server" || strings.HasPrefix(imp, module+"/tunnel/server/") && imp != gate ||
+			imp == module+"/proxy" || strings.HasPrefix(imp, module+"/proxy/") ||
+			strings.HasPrefix(imp, "github.com/prometheus/") || imp == "net/http/httputil"
+	}
+	for _, p := range listPackages(t) {
+		if p.ImportPath != gate {
+			continue
+		}
+		for _, imp := range p.Imports {
+			if banned(imp) {
+				t.Errorf("tunnel/server/gate imports %s: the gate reaches the server only through gate.Host and gate.Observer", imp)
+			}
+		}
+		for _, dep := range p.Deps {
+			if strings.HasPrefix(dep, module+"/") && banned(dep) && !slices.Contains(p.Imports, dep) {
+				t.Errorf("tunnel/server/gate depends on %s through another package: the gate sits below the server", dep)
+			}
+		}
+		return
+	}
+	t.Fatal("package tunnel/server/gate not found")
 }
