@@ -160,6 +160,17 @@ type Config struct {
 	// certificates made from PeerSecretFile: e.g. issued by cert-manager.
 	// All three or none; re-read when they change.
 	PeerTLSCertFile, PeerTLSKeyFile, PeerTLSCAFile string
+
+	// DataDir is where a single replica keeps what must outlive it (the
+	// revocations; the file is DIR/tether.db). With a Redis registry the
+	// replicas keep it in Redis instead, and DataDir must be empty; with
+	// neither it is kept in memory, and the server says so at start.
+	DataDir string
+	// TokenRenewalKeyFile is the private key (PEM: Ed25519, ES256 or
+	// RS256) the server renews tether clients' tokens with, a third of
+	// their lifetime before they expire (tokens.go). Its public key must be
+	// among the trusted keys. Empty: tokens are not renewed.
+	TokenRenewalKeyFile string
 }
 
 // peerCredentials reports whether the configuration names credentials for
@@ -397,8 +408,13 @@ type Server struct {
 	certs      *certificates
 	tlsConfig  *tls.Config
 	registry   registry.Registry
-	inflight   *requestSlots // requests in flight per tunnel and caller
-	entryConns *connSlots    // the public entry's connections
+	// What outlives the process: the revocations, kept in the registry's
+	// Redis, in store (DataDir), or in memory (store nil).
+	store       *registry.Store
+	revocations *registry.Revocations
+	renewer     *auth.Signer  // TokenRenewalKeyFile; nil without one
+	inflight    *requestSlots // requests in flight per tunnel and caller
+	entryConns  *connSlots    // the public entry's connections
 	// floodLog is log, sampled: for what a client can make the server log
 	// as often as it likes (refused connections and streams, limits).
 	floodLog *zap.Logger
@@ -418,12 +434,16 @@ type Server struct {
 // serving is what exists while the server serves: Serve builds it.
 type serving struct {
 	*Server
-	frp       *embeddedFRP
-	gate      *gate.Gate // the tunnel port
-	members   *members   // which sessions serve which tunnel
-	metrics   *metrics
-	peers     http.Handler // forwards to other replicas
-	peerConns *connSlots   // the peer port's connections (nil: no peer port)
+	frp     *embeddedFRP
+	gate    *gate.Gate // the tunnel port
+	members *members   // which sessions serve which tunnel
+	tokens  *tokenKeeper
+	metrics *metrics
+	peers   http.Handler // forwards to other replicas
+	// peerControl asks other replicas to act (revokeapi.go), over the peer
+	// channel.
+	peerControl *http.Client
+	peerConns   *connSlots // the peer port's connections (nil: no peer port)
 
 	// What run serves on.
 	ls                                     Listeners
@@ -468,6 +488,17 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 			return nil, err
 		}
 	}
+	if err := s.openState(); err != nil {
+		return nil, err
+	}
+	if cfg.TokenRenewalKeyFile != "" {
+		if s.renewer, err = auth.LoadSigner(cfg.TokenRenewalKeyFile); err != nil {
+			return nil, fmt.Errorf("--token-renewal-key: %w", err)
+		}
+		if err := auth.CheckRenewalKey(s.renewer, verifier); err != nil {
+			return nil, fmt.Errorf("--token-renewal-key %s: %w", cfg.TokenRenewalKeyFile, err)
+		}
+	}
 	host, _, _ := net.SplitHostPort(cfg.TunnelAddr)
 	certs, err := newCertificates(cfg.TLSCertFile, cfg.TLSKeyFile, []string{host})
 	if err != nil {
@@ -482,6 +513,36 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 	}))
 	s.inflight = newRequestSlots(cfg.MaxRequestsPerTunnel, cfg.MaxRequestsPerCaller)
 	return s, nil
+}
+
+// openState opens where the revocations are kept: the registry's Redis,
+// or DataDir's store, or memory.
+func (s *Server) openState() error {
+	var err error
+	if s.cfg.DataDir != "" {
+		if s.store, err = registry.OpenStore(s.cfg.DataDir); err != nil {
+			return err
+		}
+	}
+	backing, err := registry.BackingFor(s.registry, s.store)
+	if err == nil {
+		s.revocations, err = registry.NewRevocations(backing, s.log)
+	}
+	if err != nil {
+		s.closeState()
+		return err
+	}
+	return nil
+}
+
+// closeState closes what openState opened.
+func (s *Server) closeState() {
+	if s.revocations != nil {
+		_ = s.revocations.Close()
+	}
+	if s.store != nil {
+		_ = s.store.Close()
+	}
 }
 
 // readSecret reads a secret from the file flag names.
@@ -579,7 +640,8 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*serving, error) {
 		closeAll(ls)
 		return nil, err
 	}
-	sv.members = newMembers(sv.gate, s.registry, s.verifier, sv.metrics, sv.newHandler, s.cfg.MaxSessionsPerTunnel, s.cfg.ReplicaID)
+	sv.tokens = newTokenKeeper(s.verifier, s.renewer, s.revocations, s.log)
+	sv.members = newMembers(sv.gate, s.registry, sv.tokens, sv.metrics, sv.newHandler, s.cfg.MaxSessionsPerTunnel, s.cfg.ReplicaID)
 	plugin := auth.NewPlugin(s.verifier, sv.members, s.floodLog.Named("auth"), sv.metrics)
 	var lc net.ListenConfig
 	if sv.pluginLn, err = lc.Listen(ctx, "tcp", "127.0.0.1:0"); err != nil {
@@ -600,6 +662,7 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*serving, error) {
 		return nil, err
 	}
 	sv.peers = sv.newPeerProxy()
+	sv.peerControl = &http.Client{Transport: &http.Transport{DialTLSContext: sv.peerDialer(), MaxResponseHeaderBytes: 16 << 10}}
 
 	sv.entrySrv = &http.Server{
 		Handler:           http.HandlerFunc(sv.serveEntry),
@@ -632,6 +695,11 @@ func (sv *serving) run(ctx context.Context) error {
 	regCtx, stopRegistry := context.WithCancel(context.WithoutCancel(ctx))
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.registry.Run(regCtx) })
+	g.Go(func() error { return s.revocations.Run(regCtx) })
+	g.Go(func() error {
+		sv.tokens.enforce(gctx, sv.members.sessions)
+		return nil
+	})
 	g.Go(func() error { return serveHTTP(sv.pluginSrv, sv.pluginLn) })
 	entryLn := &cappedListener{Listener: ls.HTTP, slots: s.entryConns, maxLines: maxEntryHeadLines,
 		report: sv.capReporter("public entry", entryCapLabels)}
@@ -662,13 +730,18 @@ func (sv *serving) run(ctx context.Context) error {
 	if s.peerTLS != nil {
 		fields = append(fields, s.peerTLS.describe()...)
 	}
+	fields = append(fields, zap.String("revocations", s.revocations.Kind()), zap.Bool("token_renewal", s.renewer != nil))
 	s.log.Info("tether server started", fields...)
+	if s.revocations.Kind() == registry.KindMemory {
+		s.log.Warn("revocations are kept in memory only: a restart forgets them; give --data-dir (one replica) or a Redis --registry (several) to keep them")
+	}
 	if s.certs.selfSignedOnly() {
 		s.log.Info("tunnel listener uses a self-signed certificate; pin it on clients with --tls-fingerprint",
 			zap.String("sha256_fingerprint", s.certs.Fingerprint()))
 	}
 	s.ready.Store(true)
 	err := g.Wait()
+	s.closeState()
 	if ctx.Err() != nil && err == nil {
 		s.log.Info("tether server stopped")
 	}
