@@ -36,6 +36,9 @@ const (
 	ReasonAudience Reason = "audience"
 	// ReasonSubject means sub is missing or not a valid tunnel name.
 	ReasonSubject Reason = "subject"
+	// ReasonRevoked means an operator revoked the tunnel, or the token (or
+	// the token it was renewed from), with `tether token revoke`.
+	ReasonRevoked Reason = "revoked"
 	// ReasonSessionLimit means the tunnel already has as many sessions on
 	// the server as it may (--max-sessions-per-tunnel).
 	ReasonSessionLimit Reason = "session_limit"

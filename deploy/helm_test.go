@@ -380,6 +380,7 @@ func TestServerValuesReachConfig(t *testing.T) {
 		"peer-tls-key":            "/etc/tether/peer-tls/tls.key",
 		"peer-tls-ca":             "/etc/tether/peer-tls/ca.crt",
 		"max-sessions-per-tunnel": 24,
+		"token-renewal-key":       "/etc/tether/token-renewal/renewal.key.pem",
 	}
 	for k, v := range want {
 		if fmt.Sprint(cfg[k]) != fmt.Sprint(v) {

@@ -29,3 +29,41 @@ func TestClientKeepsRenewedToken(t *testing.T) {
 		t.Error("token.keepRenewed=yes rendered; want the schema to refuse a string")
 	}
 }
+
+// TestServerRenewsWithTheKeyInASecret: tokenRenewal.existingSecret mounts
+// the Secret's key, read-only, and points --token-renewal-key at it; without
+// it the servers renew no token.
+func TestServerRenewsWithTheKeyInASecret(t *testing.T) {
+	cfg, _ := serverConfig(t, serverChart.mustTemplate(t, nil))
+	if v, ok := cfg["token-renewal-key"]; ok {
+		t.Errorf("token-renewal-key %v without tokenRenewal.existingSecret; want none", v)
+	}
+
+	m := serverChart.mustTemplate(t, nil, "tokenRenewal.existingSecret=tether-renewal")
+	cfg, _ = serverConfig(t, m)
+	path, _ := cfg["token-renewal-key"].(string)
+	if filepath.Base(path) != "token-renewal.key.pem" {
+		t.Fatalf("token-renewal-key %q; want a file named after tokenRenewal.secretKey", path)
+	}
+	d := m.deployment(t)
+	pod := &d.Spec.Template.Spec
+	c := container(t, pod, "server")
+	mounted := false
+	for _, vm := range c.VolumeMounts {
+		if filepath.Clean(vm.MountPath) != filepath.Dir(path) {
+			continue
+		}
+		for _, v := range pod.Volumes {
+			if v.Name == vm.Name && v.Secret != nil && v.Secret.SecretName == "tether-renewal" && vm.ReadOnly && vm.SubPath == "" {
+				mounted = true
+			}
+		}
+	}
+	if !mounted {
+		t.Errorf("%s is not in a read-only, whole-directory mount of Secret tether-renewal", path)
+	}
+
+	if _, err := serverChart.template(t, nil, "tokenRenewal.key=inline"); err == nil {
+		t.Error("tokenRenewal.key rendered; want the schema to refuse a private key in values")
+	}
+}

@@ -28,6 +28,9 @@ type Disconnected struct {
 	Tunnel         string   `json:"tunnel"`
 	SessionsClosed int      `json:"sessions_closed"`
 	Replicas       []string `json:"replicas"`
+	// Unreached are replicas the registry says serve the tunnel that could
+	// not be asked to close their sessions.
+	Unreached []string `json:"unreached,omitempty"`
 }
 
 // Revoke asks the server to revoke a tunnel or a token (POST
@@ -186,6 +189,16 @@ func (p Printer) Disconnected(d Disconnected) error {
 			d.Replicas = []string{}
 		}
 		return writeJSON(p.Out, d)
+	}
+	if len(d.Unreached) > 0 {
+		unreached := make([]string, len(d.Unreached))
+		for i, r := range d.Unreached {
+			unreached[i] = field(r)
+		}
+		if _, err := fmt.Fprintf(p.Out, "warning: replicas %s serve tunnel %s but could not be asked to close its sessions; run the command again, or revoke the tunnel\n",
+			strings.Join(unreached, ", "), field(d.Tunnel)); err != nil {
+			return err
+		}
 	}
 	if d.SessionsClosed == 0 {
 		_, err := fmt.Fprintf(p.Out, "tunnel %s had no session to close\n", field(d.Tunnel))

@@ -51,6 +51,9 @@ type ServerOptions struct {
 	MaxHTTPConnectionsPerIP int
 	MaxRequestsPerCaller    int
 	BodyIdleTimeout         time.Duration
+	// What outlives the process, and the tokens' lifecycle.
+	DataDir         string
+	TokenRenewalKey string
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -144,6 +147,8 @@ nothing for --body-idle-timeout is answered 408.`,
 	fl.StringVar(&opts.PeerTLSCert, "peer-tls-cert", "", "this replica's peer certificate (PEM, for server and client authentication), instead of one made from --peer-secret-file, e.g. from cert-manager; re-read when it changes")
 	fl.StringVar(&opts.PeerTLSKey, "peer-tls-key", "", "the private key of --peer-tls-cert (PEM)")
 	fl.StringVar(&opts.PeerTLSCA, "peer-tls-ca", "", "the CA (PEM) that signs every replica's --peer-tls-cert, and nothing else: the peer port admits a replica whose certificate chains to it")
+	fl.StringVar(&opts.DataDir, "data-dir", "", "directory (on a persistent volume) where a single replica keeps what must outlive a restart: the revocations, in DIR/tether.db; with a Redis --registry the replicas keep it in Redis (leave this out); without either it is kept in memory")
+	fl.StringVar(&opts.TokenRenewalKey, "token-renewal-key", "", "private key (PEM: Ed25519, ES256 or RS256) to renew tether clients' tokens with, a third of their lifetime before they expire, so that tunnels outlive their first token; its public key must be in --jwt-public-key")
 	fl.StringVar(&opts.MemoryLimit, "memory-limit", "", memoryLimitHelp)
 	return cmd
 }
@@ -193,6 +198,8 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 		PeerTLSCertFile:      opts.PeerTLSCert,
 		PeerTLSKeyFile:       opts.PeerTLSKey,
 		PeerTLSCAFile:        opts.PeerTLSCA,
+		DataDir:              opts.DataDir,
+		TokenRenewalKeyFile:  opts.TokenRenewalKey,
 	}, verifier, log)
 	if err != nil {
 		return invalid(err)

@@ -19,6 +19,7 @@ import (
 //	GET /metrics      Prometheus
 //	GET /api/tunnels  JSON list of this replica's sessions (a tunnel may have several)
 //	GET /api/fleet    JSON: every tunnel the registry knows, with the replicas that serve it
+//	/api/revocations, /api/tunnels/{name}/disconnect: revokeapi.go
 //	GET /debug/pprof/ Go profiles
 //
 // When an admin token is configured, every endpoint but the probes
@@ -42,6 +43,7 @@ func (s *replica) adminHandler() http.Handler {
 	mux.Handle("GET /metrics", s.srv.requireAdminToken(promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{})))
 	mux.Handle("GET /api/tunnels", s.srv.requireAdminToken(http.HandlerFunc(s.listTunnels)))
 	mux.Handle("GET /api/fleet", s.srv.requireAdminToken(http.HandlerFunc(s.srv.listFleet)))
+	s.registerRevocationAPI(mux, s.srv.requireAdminToken)
 	// Profiles for an operator chasing CPU or memory.
 	mux.Handle("GET /debug/pprof/", s.srv.requireAdminToken(http.HandlerFunc(pprof.Index)))
 	mux.Handle("GET /debug/pprof/profile", s.srv.requireAdminToken(http.HandlerFunc(pprof.Profile)))

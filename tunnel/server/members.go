@@ -33,7 +33,7 @@ type members struct {
 	// Static after newMembers.
 	gate       *gate.Gate
 	reg        registry.Registry
-	verifier   *auth.Verifier
+	tokens     *tokenKeeper
 	metrics    *metrics
 	newHandler func(sess *gate.Session, stock bool) sessionHandler
 	limit      int    // --max-sessions-per-tunnel
@@ -84,11 +84,11 @@ type tunnelMembers struct {
 	next    atomic.Uint32
 }
 
-func newMembers(g *gate.Gate, reg registry.Registry, verifier *auth.Verifier, m *metrics,
+func newMembers(g *gate.Gate, reg registry.Registry, tokens *tokenKeeper, m *metrics,
 	newHandler func(*gate.Session, bool) sessionHandler, limit int, replica string,
 ) *members {
 	return &members{
-		gate: g, reg: reg, verifier: verifier, metrics: m, newHandler: newHandler, limit: limit, replica: replica,
+		gate: g, reg: reg, tokens: tokens, metrics: m, newHandler: newHandler, limit: limit, replica: replica,
 		byID: make(map[string]*member), tunnels: make(map[string]*tunnelMembers),
 	}
 }
@@ -106,6 +106,9 @@ func (ms *members) Login(sessionID string, claims *auth.Claims, runID string) er
 	if _, err := parseAdvertised(advertised); err != nil {
 		return &auth.RejectError{Reason: auth.ReasonProxy, Detail: err.Error() + "; fix the client's --route flags"}
 	}
+	if rej := ms.tokens.refusal(claims); rej != nil {
+		return rej
+	}
 	stock := advertised == nil
 	if err := sess.Bind(claims, runID, stock); err != nil {
 		return &auth.RejectError{Reason: auth.ReasonSession, Detail: err.Error()}
@@ -122,13 +125,16 @@ func (ms *members) Login(sessionID string, claims *auth.Claims, runID string) er
 		sess.Logger().Info("session replaced", zap.String("run_id", runID),
 			zap.String("old_client_address", replaced.RemoteAddr()), zap.String("client_address", sess.RemoteAddr()))
 	}
-	// A session lives no longer than its token: the client's next login
-	// reads the current token file.
-	sess.After(time.Until(ms.verifier.ValidUntil(claims)), func() { sess.Close("token expired") })
+	// A session lives by its token (tokens.go); one revoked while it
+	// joined closes now, as enforce may have looked before it joined.
+	ms.tokens.keep(sess)
+	if ms.tokens.closeRevoked(sess) {
+		return nil
+	}
 	sess.Logger().Info("tunnel connected",
 		zap.String("account", claims.Account), zap.String("runtime", claims.Runtime),
 		zap.String("client_address", sess.RemoteAddr()), zap.String("client_version", sess.ClientVersion()),
-		zap.String("transport", sess.Transport()), zap.String("kid", claims.KeyID),
+		zap.String("transport", sess.Transport()), zap.String("kid", claims.KeyID), zap.String("jti", claims.ID),
 		zap.Time("token_expires", claims.ExpiresAt), zap.String("session", sess.ID()), zap.String("run_id", runID))
 	if !stock {
 		sess.Notify(tunnel.Notice{Kind: tunnel.NoticeHello, Replica: ms.replica, Alone: ms.reg.Status().Backend == "memory"})
@@ -469,6 +475,17 @@ func (ms *members) sessionsOf(name string) []*gate.Session {
 		for _, m := range t.all {
 			list = append(list, m.sess)
 		}
+	}
+	return list
+}
+
+// sessions returns the sessions of every member.
+func (ms *members) sessions() []*gate.Session {
+	ms.mu.RLock()
+	defer ms.mu.RUnlock()
+	list := make([]*gate.Session, 0, len(ms.byID))
+	for _, m := range ms.byID {
+		list = append(list, m.sess)
 	}
 	return list
 }

@@ -49,6 +49,10 @@ const (
 // servePeer serves a request another replica forwarded; the peer listener
 // admitted only replicas.
 func (s *replica) servePeer(w http.ResponseWriter, r *http.Request) {
+	if r.Host == peerControlHost {
+		s.servePeerControl(w, r)
+		return
+	}
 	miss := r.Header.Get(peerMissHeader)
 	delete(r.Header, peerMissHeader)
 	if s.refuseTarget(w, r) {

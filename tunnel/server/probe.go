@@ -22,6 +22,9 @@ func (s *replica) Probe(sess *gate.Session, login *msg.Login) gate.ProbeAnswer {
 	// Anyone can make the server answer probes: their log is sampled.
 	log := s.srv.floodLog.Named("session").With(zap.String("client_address", sess.RemoteAddr()))
 	claims, rej := auth.VerifyLoginToken(s.srv.verifier, login.Metas)
+	if rej == nil {
+		rej = s.tokens.refusal(claims)
+	}
 	if rej != nil {
 		s.metrics.probes.WithLabelValues("rejected").Inc()
 		log.Info("login probe rejected", zap.String("reason", string(rej.Reason)), zap.String("claimed_tunnel", rej.ClaimedTunnel))

@@ -130,6 +130,17 @@ type Config struct {
 	// certificates made from PeerSecretFile: e.g. issued by cert-manager.
 	// All three or none; re-read when they change.
 	PeerTLSCertFile, PeerTLSKeyFile, PeerTLSCAFile string
+
+	// DataDir is where a single replica keeps what must outlive it (the
+	// revocations; the file is DIR/tether.db). With a Redis registry the
+	// replicas keep it in Redis instead, and DataDir must be empty; with
+	// neither it is kept in memory, and the server says so at start.
+	DataDir string
+	// TokenRenewalKeyFile is the private key (PEM: Ed25519, ES256 or
+	// RS256) the server renews tether clients' tokens with, a third of
+	// their lifetime before they expire (tokens.go). Its public key must be
+	// among the trusted keys. Empty: tokens are not renewed.
+	TokenRenewalKeyFile string
 }
 
 // peerCredentials reports whether the configuration names credentials for
@@ -369,6 +380,11 @@ type Server struct {
 	peerTLS    *peerTLS // the peer channel's credentials; nil without a peer port or replicas
 	certs      *certificates
 	tlsConfig  *tls.Config
+	// What outlives the process: the revocations, kept in the registry's
+	// Redis, in store (DataDir), or in memory (store nil).
+	store       *registry.Store
+	revocations *registry.Revocations
+	renewer     *auth.Signer // TokenRenewalKeyFile; nil without one
 
 	// Static after New: the loggers.
 	log *zap.Logger
@@ -392,8 +408,12 @@ type replica struct {
 	frp       *embeddedFRP
 	gate      *gate.Gate // the tunnel port
 	members   *members   // which sessions serve which tunnel
+	tokens    *tokenKeeper
 	metrics   *metrics
 	peers     *peerProxy // forwards to other replicas
+	// peerControl asks other replicas to act (revokeapi.go), over the peer
+	// channel.
+	peerControl *http.Client
 
 	// Caps, each guarded by its own lock: the public entry's connections
 	// and the peer port's (nil: no peer port), side by side; and the
@@ -449,6 +469,17 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 			return nil, err
 		}
 	}
+	if err := s.openState(); err != nil {
+		return nil, err
+	}
+	if cfg.TokenRenewalKeyFile != "" {
+		if s.renewer, err = auth.LoadSigner(cfg.TokenRenewalKeyFile); err != nil {
+			return nil, fmt.Errorf("--token-renewal-key: %w", err)
+		}
+		if err := auth.CheckRenewalKey(s.renewer, verifier); err != nil {
+			return nil, fmt.Errorf("--token-renewal-key %s: %w", cfg.TokenRenewalKeyFile, err)
+		}
+	}
 	host, _, _ := net.SplitHostPort(cfg.TunnelAddr)
 	certs, err := newCertificates(cfg.TLSCertFile, cfg.TLSKeyFile, []string{host})
 	if err != nil {
@@ -461,6 +492,36 @@ func New(cfg Config, verifier *auth.Verifier, log *zap.Logger, opts ...Option) (
 		return zapcore.NewSamplerWithOptions(c, 10*time.Second, 5, 0)
 	}))
 	return s, nil
+}
+
+// openState opens where the revocations are kept: the registry's Redis,
+// or DataDir's store, or memory.
+func (s *Server) openState() error {
+	var err error
+	if s.cfg.DataDir != "" {
+		if s.store, err = registry.OpenStore(s.cfg.DataDir); err != nil {
+			return err
+		}
+	}
+	backing, err := registry.BackingFor(s.registry, s.store)
+	if err == nil {
+		s.revocations, err = registry.NewRevocations(backing, s.log)
+	}
+	if err != nil {
+		s.closeState()
+		return err
+	}
+	return nil
+}
+
+// closeState closes what openState opened.
+func (s *Server) closeState() {
+	if s.revocations != nil {
+		_ = s.revocations.Close()
+	}
+	if s.store != nil {
+		_ = s.store.Close()
+	}
 }
 
 // readSecret reads a secret from the file flag names.
@@ -564,7 +625,8 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*replica, error) {
 		closeAll(ls)
 		return nil, err
 	}
-	sv.members = newMembers(sv.gate, s.registry, s.verifier, sv.metrics, sv.newHandler, s.cfg.MaxSessionsPerTunnel, s.cfg.ReplicaID)
+	sv.tokens = newTokenKeeper(s.verifier, s.renewer, s.revocations, s.log)
+	sv.members = newMembers(sv.gate, s.registry, sv.tokens, sv.metrics, sv.newHandler, s.cfg.MaxSessionsPerTunnel, s.cfg.ReplicaID)
 	plugin := auth.NewPlugin(s.verifier, sv.members, s.floodLog.Named("auth"), sv.metrics)
 	var lc net.ListenConfig
 	if sv.pluginLn, err = lc.Listen(ctx, "tcp", "127.0.0.1:0"); err != nil {
@@ -582,6 +644,7 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*replica, error) {
 		return nil, err
 	}
 	sv.peers = sv.newPeerProxy()
+	sv.peerControl = &http.Client{Transport: &http.Transport{DialTLSContext: sv.peerDialer(), MaxResponseHeaderBytes: 16 << 10}}
 
 	sv.entrySrv = &http.Server{
 		Handler:           http.HandlerFunc(sv.serveEntry),
@@ -614,6 +677,11 @@ func (sv *replica) run(ctx context.Context) error {
 	regCtx, stopRegistry := context.WithCancel(context.WithoutCancel(ctx))
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.registry.Run(regCtx) })
+	g.Go(func() error { return s.revocations.Run(regCtx) })
+	g.Go(func() error {
+		sv.tokens.enforce(gctx, sv.members.sessions)
+		return nil
+	})
 	g.Go(func() error { return serveHTTP(sv.pluginSrv, sv.pluginLn) })
 	entryLn := &cappedListener{Listener: ls.HTTP, slots: sv.entryConns, maxLines: maxEntryHeadLines,
 		report: sv.capReporter("public entry", entryCapLabels)}
@@ -648,13 +716,18 @@ func (sv *replica) run(ctx context.Context) error {
 	if s.peerTLS != nil {
 		fields = append(fields, s.peerTLS.describe()...)
 	}
+	fields = append(fields, zap.String("revocations", s.revocations.Kind()), zap.Bool("token_renewal", s.renewer != nil))
 	s.log.Info("tether server started", fields...)
+	if s.revocations.Kind() == registry.KindMemory {
+		s.log.Warn("revocations are kept in memory only: a restart forgets them; give --data-dir (one replica) or a Redis --registry (several) to keep them")
+	}
 	if s.certs.selfSignedOnly() {
 		s.log.Info("tunnel listener uses a self-signed certificate; pin it on clients with --tls-fingerprint",
 			zap.String("sha256_fingerprint", s.certs.Fingerprint()))
 	}
 	sv.ready.Store(true)
 	err := g.Wait()
+	s.closeState()
 	if ctx.Err() != nil && err == nil {
 		s.log.Info("tether server stopped")
 	}

@@ -15,7 +15,7 @@ import (
 // in this file (tunnel/client/status.go keeps the client's sessions the same
 // way).
 //
-//	anonymous ──startLogin──▶ loggingIn ──Bind──▶ bound
+//	anonymous ──startLogin──▶ loggingIn ──Bind──▶ bound ──Renew──▶ bound
 //	    │                         │                 │
 //	    └───────────Close─────────┴──────Close──────┴──▶ closing ──ended──▶ closed
 //
@@ -30,7 +30,8 @@ import (
 //   - bound: the auth plugin verified the login and the host bound the
 //     session (Bind): it belongs to one tunnel for good. Its anonymous place
 //     and budget are given back, a tether client's accept loop parks, and
-//     its silence watch starts (heartbeat.go).
+//     its silence watch starts (heartbeat.go). When the host renews its
+//     client's token (Renew), it stays bound, by the renewal's claims.
 //   - closing: Close was called, with the first reason kept: by the gate
 //     (a limit, the heartbeat, a refused stream, frp closing the control
 //     stream, the connection's end) or by the host (a newer login replaced
@@ -125,6 +126,29 @@ func (s *Session) Bind(claims *auth.Claims, runID string, stock bool) error {
 	stopAll(s.loginTimers)
 	s.loginTimers = nil
 	s.watchSilenceLocked()
+	return nil
+}
+
+// ErrOtherTunnel is a Renew with the claims of another tunnel than the
+// session's.
+var ErrOtherTunnel = errors.New("the renewed token is for another tunnel")
+
+// Renew replaces a bound session's claims with those of the renewal of its
+// token that the host sent the client (bound → bound): the session then
+// lives by the renewal's expiry, is revoked by its jti, and reports it. A
+// renewal never moves a session to another tunnel.
+func (s *Session) Renew(claims *auth.Claims) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	switch {
+	case s.phase >= closing:
+		return ErrClosed
+	case s.phase != bound:
+		return ErrNoLogin
+	case claims.Tunnel != s.claims.Tunnel:
+		return ErrOtherTunnel
+	}
+	s.claims = claims
 	return nil
 }
 

@@ -203,6 +203,7 @@ a rotated Secret reaches the running server, which re-reads the files. */}}
 {{- define "tether-server.peerTLSDir" -}}/etc/tether/peer-tls{{- end }}
 {{- define "tether-server.registryDir" -}}/etc/tether/registry{{- end }}
 {{- define "tether-server.configDir" -}}/etc/tether/config{{- end }}
+{{- define "tether-server.renewalDir" -}}/etc/tether/token-renewal{{- end }}
 
 {{/* terminationGracePeriodSeconds: the preStop delay, then the server's
 drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
@@ -238,6 +239,7 @@ drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
 {{- $_ := set $cfg "tls-cert" (printf "%s/tls.crt" (include "tether-server.tlsDir" .)) }}
 {{- $_ := set $cfg "tls-key" (printf "%s/tls.key" (include "tether-server.tlsDir" .)) }}
 {{- end }}
+{{- with .Values.tokenRenewal.existingSecret }}{{ $_ := set $cfg "token-renewal-key" (printf "%s/%s" (include "tether-server.renewalDir" $) $.Values.tokenRenewal.secretKey) }}{{ end }}
 {{- with .Values.jwt.issuer }}{{ $_ := set $cfg "jwt-issuer" . }}{{ end }}
 {{- with .Values.jwt.audience }}{{ $_ := set $cfg "jwt-audience" . }}{{ end }}
 {{- with .Values.trustedProxies }}{{ $_ := set $cfg "trusted-proxies" . }}{{ end }}
