@@ -148,7 +148,14 @@ func (p *peerProxy) forward(w http.ResponseWriter, r *http.Request, att *peerAtt
 		}
 		writeReplicaUnreachable(w)
 	}
-	rp.ServeHTTP(w, r)
+	serveHeld(w, r, rp.ServeHTTP, writeReplicaLost)
+}
+
+// writeReplicaLost answers a forwarded request whose answer broke off
+// before its body began: the replica that serves the tunnel went away.
+func writeReplicaLost(w http.ResponseWriter) {
+	proxy.WriteError(w, http.StatusBadGateway, "replica_unreachable",
+		"tether: the server replica that serves this tunnel went away before its answer arrived; retry")
 }
 
 // errNoHolderReached: a forwarded request reached none of the tunnel's
