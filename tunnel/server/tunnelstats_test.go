@@ -1,0 +1,168 @@
+package server
+
+import (
+	"fmt"
+	"net/http"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tether-dev/tether/internal/testutil"
+)
+
+// series gathers reg and returns every sample of the named metrics, keyed
+// as name{label="value",...} with the labels sorted.
+func series(t testing.TB, reg prometheus.Gatherer, names ...string) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		if len(names) > 0 && !contains(names, f.GetName()) {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			var labels []string
+			for _, l := range m.GetLabel() {
+				labels = append(labels, fmt.Sprintf("%s=%q", l.GetName(), l.GetValue()))
+			}
+			sort.Strings(labels)
+			v := m.GetCounter().GetValue() + m.GetGauge().GetValue()
+			out[f.GetName()+"{"+strings.Join(labels, ",")+"}"] = v
+		}
+	}
+	return out
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// checkMonotonic fails for a counter of before that is lower, or gone, in
+// after.
+func checkMonotonic(t testing.TB, when string, before, after map[string]float64) {
+	t.Helper()
+	for k, v := range before {
+		got, ok := after[k]
+		switch {
+		case !ok:
+			t.Errorf("%s: %s (was %v) is gone", when, k, v)
+		case got < v:
+			t.Errorf("%s: %s went back from %v to %v", when, k, v, got)
+		}
+	}
+}
+
+// TestTunnelCountersOutliveSessions: a tunnel's request and byte counters
+// keep what its sessions counted when they end, so they never go backwards
+// while clients come and go (increase() and error-rate alerts would fire on
+// every client rollout otherwise).
+func TestTunnelCountersOutliveSessions(t *testing.T) {
+	s := startServer(t)
+	up := backend(t, "alpha").URL
+	stopFirst := s.runClient(t, "alpha", s.tunnel, 1, up)
+	stopSecond := s.runClient(t, "alpha", s.tunnel, 1, up)
+	s.waitSessions(t, "alpha", 2)
+	const requests = 20
+	for range requests {
+		if code, body, _ := s.get(t, "alpha", "/"); code != http.StatusOK {
+			t.Fatalf("GET: %d %s", code, body)
+		}
+	}
+	names := []string{"tether_tunnel_requests_total", "tether_tunnel_bytes_total"}
+	before := series(t, s.metrics.reg, names...)
+	if got := before[`tether_tunnel_requests_total{code_class="2xx",tunnel="alpha"}`]; got != requests {
+		t.Fatalf("2xx requests of alpha: %v, want %d; all: %v", got, requests, before)
+	}
+	if got := before[`tether_tunnel_requests_total{code_class="5xx",tunnel="alpha"}`]; got != 0 {
+		t.Errorf("5xx requests of alpha: %v, want 0 (exported before the first)", got)
+	}
+
+	stopFirst()
+	s.waitSessions(t, "alpha", 1)
+	afterOne := series(t, s.metrics.reg, names...)
+	checkMonotonic(t, "after one of two clients stopped", before, afterOne)
+
+	stopSecond()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := len(s.members.list()); n != 0 {
+			return fmt.Errorf("%d sessions left", n)
+		}
+		return nil
+	})
+	afterBoth := series(t, s.metrics.reg, names...)
+	checkMonotonic(t, "after both clients stopped", afterOne, afterBoth)
+	if got := afterBoth[`tether_tunnel_requests_total{code_class="2xx",tunnel="alpha"}`]; got != requests {
+		t.Errorf("2xx requests of alpha with no session left: %v, want %d", got, requests)
+	}
+	if in := afterBoth[`tether_tunnel_bytes_total{direction="in",tunnel="alpha"}`]; in == 0 {
+		t.Errorf("bytes in of alpha with no session left: 0; want what its sessions carried")
+	}
+
+	// The tunnel comes back: its counters go on from where they were.
+	s.runClient(t, "alpha", s.tunnel, 1, up)
+	s.waitSessions(t, "alpha", 1)
+	if code, body, _ := s.get(t, "alpha", "/"); code != http.StatusOK {
+		t.Fatalf("GET: %d %s", code, body)
+	}
+	back := series(t, s.metrics.reg, names...)
+	checkMonotonic(t, "after the tunnel came back", afterBoth, back)
+	if got := back[`tether_tunnel_requests_total{code_class="2xx",tunnel="alpha"}`]; got != requests+1 {
+		t.Errorf("2xx requests of alpha: %v, want %d", got, requests+1)
+	}
+}
+
+// fakeClock is a clock tests move by hand, safe for concurrent use.
+type fakeClock struct{ offset atomic.Int64 }
+
+func (c *fakeClock) now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *fakeClock) advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+// TestTunnelStatsForgottenADayAfter: a tunnel's series stay for a day after
+// its last session here ended, then go: what a replica remembers is bounded
+// by the tunnels it served within a day.
+func TestTunnelStatsForgottenADayAfter(t *testing.T) {
+	s := startServer(t)
+	clock := &fakeClock{}
+	s.metrics.tunnels.now = clock.now // before any session: nothing reads it yet
+	stop := s.runClient(t, "alpha", s.tunnel, 1, backend(t, "alpha").URL)
+	s.waitSessions(t, "alpha", 1)
+	if code, body, _ := s.get(t, "alpha", "/"); code != http.StatusOK {
+		t.Fatalf("GET: %d %s", code, body)
+	}
+	stop()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := len(s.members.list()); n != 0 {
+			return fmt.Errorf("%d sessions left", n)
+		}
+		return nil
+	})
+	const key = `tether_tunnel_requests_total{code_class="2xx",tunnel="alpha"}`
+	clock.advance(statsRetention - time.Minute)
+	if got := series(t, s.metrics.reg)[key]; got != 1 {
+		t.Fatalf("%s a minute short of a day after the tunnel went down: %v, want 1", key, got)
+	}
+	clock.advance(2 * time.Minute)
+	for k := range series(t, s.metrics.reg) {
+		if strings.Contains(k, `tunnel="alpha"`) {
+			t.Errorf("%s is still exported a day after the tunnel's last session ended", k)
+		}
+	}
+	s.metrics.tunnels.mu.Lock()
+	n := len(s.metrics.tunnels.tunnels)
+	s.metrics.tunnels.mu.Unlock()
+	if n != 0 {
+		t.Errorf("%d tunnel records kept a day after their last session; want 0", n)
+	}
+}
