@@ -45,7 +45,7 @@ type metrics struct {
 func newMetrics(members func() []*member, anonymous func() int, entryConns *connSlots, reg registry.Registry) *metrics {
 	m := &metrics{
 		reg:     prometheus.NewRegistry(),
-		tunnels: newTunnelStats(time.Now),
+		tunnels: newTunnelStats(reg, time.Now),
 		sessionsReplaced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_sessions_replaced_total",
 			Help: "Tunnel sessions ended because a newer login of the same tunnel took over (e.g. after a NAT dropped the old connection).",

@@ -95,12 +95,7 @@ func TestTunnelCountersOutliveSessions(t *testing.T) {
 	checkMonotonic(t, "after one of two clients stopped", before, afterOne)
 
 	stopSecond()
-	testutil.WaitFor(t, 10*time.Second, func() error {
-		if n := len(s.members.list()); n != 0 {
-			return fmt.Errorf("%d sessions left", n)
-		}
-		return nil
-	})
+	s.waitNoSessions(t)
 	afterBoth := series(t, s.metrics.reg, names...)
 	checkMonotonic(t, "after both clients stopped", afterOne, afterBoth)
 	if got := afterBoth[`tether_tunnel_requests_total{code_class="2xx",tunnel="alpha"}`]; got != requests {
@@ -123,6 +118,17 @@ func TestTunnelCountersOutliveSessions(t *testing.T) {
 	}
 }
 
+// waitNoSessions waits until no session is left here.
+func (s *testServer) waitNoSessions(t testing.TB) {
+	t.Helper()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if n := len(s.members.list()); n != 0 {
+			return fmt.Errorf("%d sessions left", n)
+		}
+		return nil
+	})
+}
+
 // fakeClock is a clock tests move by hand, safe for concurrent use.
 type fakeClock struct{ offset atomic.Int64 }
 
@@ -142,16 +148,15 @@ func TestTunnelStatsForgottenADayAfter(t *testing.T) {
 		t.Fatalf("GET: %d %s", code, body)
 	}
 	stop()
-	testutil.WaitFor(t, 10*time.Second, func() error {
-		if n := len(s.members.list()); n != 0 {
-			return fmt.Errorf("%d sessions left", n)
-		}
-		return nil
-	})
+	s.waitNoSessions(t)
 	const key = `tether_tunnel_requests_total{code_class="2xx",tunnel="alpha"}`
 	clock.advance(statsRetention - time.Minute)
-	if got := series(t, s.metrics.reg)[key]; got != 1 {
-		t.Fatalf("%s a minute short of a day after the tunnel went down: %v, want 1", key, got)
+	got := series(t, s.metrics.reg)
+	if got[key] != 1 {
+		t.Fatalf("%s a minute short of a day after the tunnel went down: %v, want 1", key, got[key])
+	}
+	if v, ok := got[`tether_tunnel_up{tunnel="alpha"}`]; !ok || v != 0 {
+		t.Errorf("tether_tunnel_up of alpha a minute short of a day after it went down: %v (exported: %v), want 0", v, ok)
 	}
 	clock.advance(2 * time.Minute)
 	for k := range series(t, s.metrics.reg) {
@@ -164,5 +169,47 @@ func TestTunnelStatsForgottenADayAfter(t *testing.T) {
 	s.metrics.tunnels.mu.Unlock()
 	if n != 0 {
 		t.Errorf("%d tunnel records kept a day after their last session; want 0", n)
+	}
+}
+
+// TestTunnelUpAndLastSeen: a tunnel served on any replica is up on every
+// replica of the fleet; once no replica serves it, it is 0 and its last
+// seen time stays where it went down, on the replica that served it and on
+// the one that only saw it in the registry.
+func TestTunnelUpAndLastSeen(t *testing.T) {
+	f, k := newFleet(), newKeys(t)
+	a := startReplica(t, f, k, "a")
+	b := startReplica(t, f, k, "b")
+	stop := a.runClient(t, "alpha", a.tunnel, 1, backend(t, "alpha").URL)
+	a.waitSessions(t, "alpha", 1)
+	b.waitHolders(t, "alpha", 1)
+	const up, seen = `tether_tunnel_up{tunnel="alpha"}`, `tether_tunnel_last_seen_timestamp_seconds{tunnel="alpha"}`
+	for _, r := range []*testServer{a, b} {
+		got := series(t, r.metrics.reg)
+		if got[up] != 1 {
+			t.Errorf("replica %s: %s = %v while replica a serves it, want 1", r.cfg.ReplicaID, up, got[up])
+		}
+		if age := time.Since(time.UnixMilli(int64(got[seen] * 1e3))); age < 0 || age > time.Minute {
+			t.Errorf("replica %s: %s is %v old while it is up, want now", r.cfg.ReplicaID, seen, age)
+		}
+	}
+
+	stop()
+	b.waitHolders(t, "alpha", 0)
+	a.waitNoSessions(t)
+	wentDown := time.Now()
+	for _, r := range []*testServer{a, b} {
+		got := series(t, r.metrics.reg)
+		if v, ok := got[up]; !ok || v != 0 {
+			t.Errorf("replica %s: %s = %v (exported: %v) after the tunnel went down, want 0", r.cfg.ReplicaID, up, v, ok)
+		}
+		last := got[seen]
+		if last == 0 || float64(wentDown.UnixMilli())/1e3 < last {
+			t.Errorf("replica %s: %s = %v, want when the tunnel was last seen, before %v", r.cfg.ReplicaID, seen, last, wentDown)
+		}
+		// It stays: a later scrape does not move it.
+		if again := series(t, r.metrics.reg)[seen]; again != last {
+			t.Errorf("replica %s: %s moved from %v to %v while the tunnel is down", r.cfg.ReplicaID, seen, last, again)
+		}
 	}
 }
