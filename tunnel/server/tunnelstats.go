@@ -147,6 +147,19 @@ func (r *tunnelRecord) trafficLocked() (in, out uint64) {
 	return in, out
 }
 
+// tokenExpiryLocked returns the latest expiry among the tokens of the
+// tunnel's live sessions here, zero with none. The session's claims are
+// read now: a renewal replaces them. Guarded by tunnelStats.mu.
+func (r *tunnelRecord) tokenExpiryLocked() time.Time {
+	var latest time.Time
+	for _, s := range r.sessions {
+		if c := s.Claims(); c != nil && c.ExpiresAt.After(latest) {
+			latest = c.ExpiresAt
+		}
+	}
+	return latest
+}
+
 var (
 	tunnelRequestsDesc = prometheus.NewDesc("tether_tunnel_requests_total",
 		"Public HTTP requests served through a tunnel's sessions on this server since it started, by status class (error = failed before a response). Kept for 24h after the tunnel's last session here ended.",
@@ -161,6 +174,9 @@ var (
 	tunnelLastSeenDesc = prometheus.NewDesc("tether_tunnel_last_seen_timestamp_seconds",
 		"When the tunnel was last seen connected, here or on any replica (Unix seconds): now while it is up. Kept for 24h.",
 		[]string{"tunnel"}, nil)
+	tunnelTokenExpiryDesc = prometheus.NewDesc("tether_tunnel_token_expiry_timestamp_seconds",
+		"When the token of the tunnel's session here that expires last does (its exp, Unix seconds), read at scrape time, so that a renewed token moves it. Absent while no session of the tunnel is here.",
+		[]string{"tunnel"}, nil)
 )
 
 // Describe implements prometheus.Collector.
@@ -169,6 +185,7 @@ func (ts *tunnelStats) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tunnelBytesDesc
 	ch <- tunnelUpDesc
 	ch <- tunnelLastSeenDesc
+	ch <- tunnelTokenExpiryDesc
 }
 
 // Collect implements prometheus.Collector. A tunnel any replica serves is
@@ -194,6 +211,9 @@ func (ts *tunnelStats) Collect(ch chan<- prometheus.Metric) {
 		}
 		ch <- prometheus.MustNewConstMetric(tunnelUpDesc, prometheus.GaugeValue, up, name)
 		ch <- prometheus.MustNewConstMetric(tunnelLastSeenDesc, prometheus.GaugeValue, float64(r.lastSeen.UnixMilli())/1e3, name)
+		if exp := r.tokenExpiryLocked(); !exp.IsZero() {
+			ch <- prometheus.MustNewConstMetric(tunnelTokenExpiryDesc, prometheus.GaugeValue, float64(exp.Unix()), name)
+		}
 		if !r.local() {
 			continue
 		}

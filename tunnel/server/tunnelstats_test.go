@@ -213,3 +213,46 @@ func TestTunnelUpAndLastSeen(t *testing.T) {
 		}
 	}
 }
+
+// TestTunnelTokenExpiry: a tunnel's token expiry is the latest exp among
+// its live sessions' tokens, follows them as they end, and is absent with
+// no session left.
+func TestTunnelTokenExpiry(t *testing.T) {
+	s := startServer(t)
+	short, long := dialRaw(t, s.tunnel), dialRaw(t, s.tunnel)
+	shortToken, longToken := s.keys.token(t, "alpha", time.Hour), s.keys.token(t, "alpha", 3*time.Hour)
+	for _, l := range []struct {
+		c     *rawClient
+		token string
+		runID string
+	}{{short, shortToken, "short"}, {long, longToken, "long"}} {
+		if resp, _ := l.c.login(l.token, l.runID); resp.Error != "" {
+			t.Fatalf("login: %s", resp.Error)
+		}
+	}
+	exp := func(token string) float64 {
+		c, err := s.verifier.Verify(token)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return float64(c.ExpiresAt.Unix())
+	}
+	const key = `tether_tunnel_token_expiry_timestamp_seconds{tunnel="alpha"}`
+	if got, want := series(t, s.metrics.reg)[key], exp(longToken); got != want {
+		t.Errorf("%s with tokens of 1h and 3h = %v, want the 3h token's exp %v", key, got, want)
+	}
+	_ = long.mux.Close()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if got, want := series(t, s.metrics.reg)[key], exp(shortToken); got != want {
+			return fmt.Errorf("%s after the 3h session ended = %v, want the 1h token's exp %v", key, got, want)
+		}
+		return nil
+	})
+	_ = short.mux.Close()
+	testutil.WaitFor(t, 10*time.Second, func() error {
+		if got, ok := series(t, s.metrics.reg)[key]; ok {
+			return fmt.Errorf("%s = %v with no session left, want none", key, got)
+		}
+		return nil
+	})
+}
