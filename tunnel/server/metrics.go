@@ -104,19 +104,7 @@ func newMetrics(members func() []*member, anonymous func() int, entryConns *conn
 			Help: "Connections to the peer port refused at the TLS handshake: no certificate of a replica of this fleet (another --peer-secret-file or --peer-tls-ca, an earlier version, or no replica).",
 		}),
 	}
-	// The fairness limits' label values exist from the start, at 0, so that
-	// alerts on them see a rise from the first event.
-	for _, reason := range []string{
-		gate.RefusedAnonymousPerSubnet, entryCapLabels.refusedPerIP, entryCapLabels.evicted, entryCapLabels.evictedPerIP, peerCapLabels.evicted,
-	} {
-		m.connectionsRefused.WithLabelValues(reason)
-	}
-	for _, limit := range []string{gate.LimitFirstByte, gate.LimitEvicted} {
-		m.sessionsLimited.WithLabelValues(limit)
-	}
-	for _, reason := range []string{unroutedCallerBusy, unroutedBodyTimeout, unroutedAmbiguousLength} {
-		m.unrouted.WithLabelValues(reason)
-	}
+	m.preset()
 	m.reg.MustRegister(
 		m.forwarded, m.peerServed, m.peerRefused, m.sessionsSilent, registry.NewCollector(reg),
 		m.sessionsReplaced, m.loginsAccepted, m.loginsRejected, m.routesRejected,
@@ -136,6 +124,46 @@ func newMetrics(members func() []*member, anonymous func() int, entryConns *conn
 		version.Collector(),
 	)
 	return m
+}
+
+// unroutedReasons are the reasons of tether_http_unrouted_requests_total.
+var unroutedReasons = []string{
+	"unknown_host", "tunnel_down", "tunnel_disconnected", "tunnel_busy", unroutedCallerBusy,
+	unroutedBodyTimeout, "connect", "absolute_form", unroutedAmbiguousLength,
+}
+
+// preset makes every known label value of the vectors exist from the
+// start, at 0, so that an alert on a rise (increase(), rate()) sees the
+// first event rather than a series that appears with it.
+func (m *metrics) preset() {
+	for _, r := range auth.Reasons() {
+		m.loginsRejected.WithLabelValues(string(r))
+	}
+	for _, r := range auth.RouteReasons() {
+		m.routesRejected.WithLabelValues(string(r))
+	}
+	for _, r := range gate.StreamRefusals() {
+		m.refusedStreams.WithLabelValues(r)
+	}
+	for _, r := range append(gate.Refusals(), entryCapLabels.refused, entryCapLabels.refusedPerIP, entryCapLabels.evicted,
+		entryCapLabels.evictedPerIP, peerCapLabels.refused, peerCapLabels.evicted) {
+		m.connectionsRefused.WithLabelValues(r)
+	}
+	for _, l := range gate.Limits() {
+		m.sessionsLimited.WithLabelValues(l)
+	}
+	for _, r := range unroutedReasons {
+		m.unrouted.WithLabelValues(r)
+	}
+	for _, r := range []string{"accepted", "rejected"} {
+		m.probes.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "unreachable", "missed"} {
+		m.forwarded.WithLabelValues(r)
+	}
+	for _, c := range []int{0, 100, 200, 300, 400, 500} {
+		m.requestDuration.WithLabelValues(classLabel(c))
+	}
 }
 
 // LoginAccepted implements auth.Observer.
