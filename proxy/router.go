@@ -223,6 +223,7 @@ func (r *Router) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	if rt == nil {
 		return
 	}
+	noteRoute(req.Context(), rt.Prefix)
 	if req.ContentLength != 0 {
 		// Let the upstream answer while the body still streams in (Go's
 		// HTTP/1 server otherwise stops reading the body once the response

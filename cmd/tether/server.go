@@ -51,6 +51,9 @@ type ServerOptions struct {
 	MaxHTTPConnectionsPerIP int
 	MaxRequestsPerCaller    int
 	BodyIdleTimeout         time.Duration
+	// One JSON line per public request (see "Access log" in
+	// docs/operations.md).
+	AccessLog bool
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -145,6 +148,7 @@ nothing for --body-idle-timeout is answered 408.`,
 	fl.StringVar(&opts.PeerTLSKey, "peer-tls-key", "", "the private key of --peer-tls-cert (PEM)")
 	fl.StringVar(&opts.PeerTLSCA, "peer-tls-ca", "", "the CA (PEM) that signs every replica's --peer-tls-cert, and nothing else: the peer port admits a replica whose certificate chains to it")
 	fl.StringVar(&opts.MemoryLimit, "memory-limit", "", memoryLimitHelp)
+	fl.BoolVar(&opts.AccessLog, "access-log", false, "log one line per public request (logger \"access\", at info): tunnel, route, method, path without query, status, X-Tether-Error, duration, bytes, request ID, replica, forwarded; never a query, header, body or token")
 	return cmd
 }
 
@@ -181,6 +185,7 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 		MaxRequestsPerCaller: opts.MaxRequestsPerCaller,
 		MaxHTTPConnections:   opts.MaxHTTPConnections,
 		BodyIdleTimeout:      opts.BodyIdleTimeout,
+		AccessLog:            opts.AccessLog,
 
 		MaxHTTPConnectionsPerIP: opts.MaxHTTPConnectionsPerIP,
 

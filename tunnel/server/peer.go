@@ -221,6 +221,7 @@ func (t *peerTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		res.Header.Del(peerMissHeader)
 		t.outcomes.WithLabelValues("ok").Inc()
+		noteForwarded(req.Context(), h.Replica)
 		return res, nil
 	}
 	if lastErr == nil {
