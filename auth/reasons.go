@@ -55,6 +55,20 @@ const (
 	ReasonInternal Reason = "internal"
 )
 
+// Reasons returns every Reason: the label values of the login metrics,
+// which export each at 0 before its first refusal. A new Reason goes here
+// too (TestReasonsListsEveryReason checks).
+func Reasons() []Reason {
+	return []Reason{
+		ReasonMissingToken, ReasonMalformed, ReasonAlgorithm, ReasonUnknownKey, ReasonSignature,
+		ReasonExpired, ReasonNotYetValid, ReasonNoExpiry, ReasonIssuer, ReasonAudience, ReasonSubject,
+		ReasonSessionLimit, ReasonMixedClients, ReasonProxy, ReasonSession, ReasonInternal,
+	}
+}
+
+// RouteReasons returns the Reasons a route registration is refused for.
+func RouteReasons() []Reason { return []Reason{ReasonProxy, ReasonSession, ReasonInternal} }
+
 // RejectError is a refusal that the tunnel client may see. The plugin sends
 // Error() to the client as frp's reject reason, so it says what was wrong and
 // what to do, and never contains the token, a signature or key material.

@@ -232,6 +232,7 @@ func (r *Router) serve(w http.ResponseWriter, req *http.Request, elsewhere bool)
 	if rt == nil {
 		return true
 	}
+	noteRoute(req.Context(), rt.Prefix)
 	if req.ContentLength != 0 {
 		// Let the upstream answer while the body still streams in (Go's
 		// HTTP/1 server otherwise stops reading the body once the response

@@ -9,6 +9,8 @@ import (
 	frplog "github.com/fatedier/frp/pkg/util/log"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zapcore"
+
+	"github.com/tether-dev/tether/auth"
 )
 
 // BridgeFRPLog routes frp's logger into log (as the child logger "frp").
@@ -17,7 +19,9 @@ import (
 // and never undoes it: frp goroutines may log until the process exits.
 // frp's lifecycle lines at info ("new proxy [x] success", "client exit
 // success") duplicate tether's own lifecycle logs, so frp's info becomes
-// debug here; frp's warnings and errors keep their level. frp never logs
+// debug here; frp's warnings and errors keep their level, but for frp's
+// line about a login tether's auth plugin refused, which the plugin logged
+// already with its reason and the tunnel (see loginRejected). frp never logs
 // login metadata, so tokens cannot reach the output through this bridge.
 func BridgeFRPLog(log *zap.Logger) {
 	level := golog.WarnLevel
@@ -45,6 +49,9 @@ func (w frpWriter) WriteLog(p []byte, level golog.Level, _ time.Time) (int, erro
 	if level == golog.WarnLevel && benign(msg) {
 		level = golog.DebugLevel
 	}
+	if level == golog.WarnLevel && loginRejected(msg) {
+		return len(p), nil
+	}
 	switch level {
 	case golog.ErrorLevel:
 		w.log.Error(string(msg))
@@ -67,6 +74,27 @@ var benignWarnings = [][]byte{
 func benign(msg []byte) bool {
 	for _, b := range benignWarnings {
 		if bytes.Contains(msg, b) {
+			return true
+		}
+	}
+	return false
+}
+
+// registerControlError is how frp's server logs a refused login: with the
+// refusal the auth plugin answered, "<reason>: <detail>" (auth.RejectError).
+var registerControlError = []byte("register control error: ")
+
+// loginRejected reports whether msg is frp's line about a login the auth
+// plugin refused: its error starts with one of auth's reasons. frp's other
+// failures to register a login (what tether did not log) are not.
+func loginRejected(msg []byte) bool {
+	i := bytes.Index(msg, registerControlError)
+	if i < 0 {
+		return false
+	}
+	rest := msg[i+len(registerControlError):]
+	for _, r := range auth.Reasons() {
+		if after, ok := bytes.CutPrefix(rest, []byte(r)); ok && (len(after) == 0 || after[0] == ':') {
 			return true
 		}
 	}

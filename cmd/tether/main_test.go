@@ -272,3 +272,28 @@ func TestMemoryLimitOption(t *testing.T) {
 		t.Errorf("server: exit %d (%s), memory limit %q; want 1GiB from the file", code, stderr, server.MemoryLimit)
 	}
 }
+
+// --access-log comes from the file, the environment and the command line
+// like every flag, and is off by default.
+func TestServerAccessLogFlag(t *testing.T) {
+	var got *ServerOptions
+	run := runners{server: func(o *ServerOptions) error { got = o; return nil }}
+	for _, tc := range []struct {
+		name string
+		env  map[string]string
+		args []string
+		want bool
+	}{
+		{"default", nil, nil, false},
+		{"file", nil, []string{"--config", writeFile(t, "server.yaml", "access-log: true\n")}, true},
+		{"env", map[string]string{"TETHER_ACCESS_LOG": "true"}, nil, true},
+		{"flag", nil, []string{"--access-log"}, true},
+	} {
+		if code, _, stderr := runTether(t, tc.env, run, append([]string{"server"}, tc.args...)...); code != exitOK {
+			t.Fatalf("%s: exit %d: %s", tc.name, code, stderr)
+		}
+		if got.AccessLog != tc.want {
+			t.Errorf("%s: AccessLog %v, want %v", tc.name, got.AccessLog, tc.want)
+		}
+	}
+}

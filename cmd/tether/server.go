@@ -54,6 +54,9 @@ type ServerOptions struct {
 	// What outlives the process, and the tokens' lifecycle.
 	DataDir         string
 	TokenRenewalKey string
+	// One JSON line per public request (see "Access log" in
+	// docs/operations.md).
+	AccessLog bool
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -150,6 +153,7 @@ nothing for --body-idle-timeout is answered 408.`,
 	fl.StringVar(&opts.DataDir, "data-dir", "", "directory (on a persistent volume) where a single replica keeps what must outlive a restart: the revocations, in DIR/tether.db; with a Redis --registry the replicas keep it in Redis (leave this out); without either it is kept in memory")
 	fl.StringVar(&opts.TokenRenewalKey, "token-renewal-key", "", "private key (PEM: Ed25519, ES256 or RS256) to renew tether clients' tokens with, a third of their lifetime before they expire, so that tunnels outlive their first token; its public key must be in --jwt-public-key")
 	fl.StringVar(&opts.MemoryLimit, "memory-limit", "", memoryLimitHelp)
+	fl.BoolVar(&opts.AccessLog, "access-log", false, "log one line per public request (logger \"access\", at info): tunnel, route, method, path without query, status, X-Tether-Error, duration, bytes, request ID, replica, forwarded; never a query, header, body or token")
 	return cmd
 }
 
@@ -186,6 +190,7 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 		MaxRequestsPerCaller: opts.MaxRequestsPerCaller,
 		MaxHTTPConnections:   opts.MaxHTTPConnections,
 		BodyIdleTimeout:      opts.BodyIdleTimeout,
+		AccessLog:            opts.AccessLog,
 
 		MaxHTTPConnectionsPerIP: opts.MaxHTTPConnectionsPerIP,
 

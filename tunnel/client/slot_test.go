@@ -541,7 +541,7 @@ func TestMoveReplacesBeforeTheOldSessionEnds(t *testing.T) {
 # TYPE tether_client_sessions gauge
 tether_client_sessions{state="connecting"} 0
 tether_client_sessions{state="leaving"} 0
-tether_client_sessions{state="logged in"} 0
+tether_client_sessions{state="logged_in"} 0
 tether_client_sessions{state="moving"} 1
 tether_client_sessions{state="ready"} 1
 tether_client_sessions{state="spreading"} 0

@@ -726,7 +726,7 @@ func (s *status) collectors() []prometheus.Collector {
 		cs = append(cs, prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name:        "tether_client_sessions",
 			Help:        "Sessions by state, as /status lists them: a slot without a session of its own counts as connecting.",
-			ConstLabels: prometheus.Labels{"state": state},
+			ConstLabels: prometheus.Labels{"state": stateLabel(state)},
 		}, read(func() float64 {
 			n := 0
 			for _, st := range s.slots {
@@ -741,6 +741,11 @@ func (s *status) collectors() []prometheus.Collector {
 	}
 	return cs
 }
+
+// stateLabel is state as a label value: snake_case, as every label value
+// of tether's metrics is ("logged in" is "logged_in"); /status keeps the
+// words.
+func stateLabel(state string) string { return strings.ReplaceAll(state, " ", "_") }
 
 // healthHandler serves the client's health address:
 //

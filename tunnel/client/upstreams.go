@@ -44,7 +44,13 @@ func newUpstreams(routes []proxy.Route, reg prometheus.Registerer) *upstreams {
 	// The server's router dials exactly the DialAddr of the route it picked.
 	for _, r := range routes {
 		u.allowed[r.DialAddr()] = r.Adapter
+		// Every result exists from the start, at 0, so that an alert on a
+		// rise of failures sees the first.
+		for _, result := range dialResults {
+			u.dials.WithLabelValues(r.Adapter, result)
+		}
 	}
+	u.dials.WithLabelValues("", dialNotAllowed)
 	reg.MustRegister(u.dials)
 	return u
 }
@@ -64,7 +70,7 @@ func (u *upstreams) serve(stream net.Conn, log *zap.Logger) {
 	if !ok {
 		// Only a server that disagrees with this client about its routes
 		// asks for another address; never connect to it.
-		u.dials.WithLabelValues("", "not_allowed").Inc()
+		u.dials.WithLabelValues("", dialNotAllowed).Inc()
 		log.Warn("refused to connect to an address that is not a route's upstream", zap.String("upstream", addr))
 		_ = tunnel.WriteDialReply(stream, tunnel.DialNotAllowed, "not one of this client's route upstreams")
 		return
@@ -84,6 +90,12 @@ func (u *upstreams) serve(stream net.Conn, log *zap.Logger) {
 	}
 	splice(stream, conn)
 }
+
+// dialResults are the results of tether_client_upstream_dials_total of a
+// route's adapter; dialNotAllowed is that of an address no route has.
+var dialResults = []string{"ok", "refused", "not_found", "unreachable", "timeout", "failed"}
+
+const dialNotAllowed = "not_allowed"
 
 // dialCode classifies a dial error for the server, which explains it to the
 // caller.

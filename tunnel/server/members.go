@@ -55,6 +55,7 @@ type member struct {
 	// index 1..5 for 1xx..5xx, index 0 for requests that failed before any
 	// response.
 	requests [6]atomic.Uint64
+	stats    *tunnelRecord // the tunnel's totals, which outlive the member
 
 	// Guarded by members.mu.
 	state   memberState
@@ -113,7 +114,7 @@ func (ms *members) Login(sessionID string, claims *auth.Claims, runID string) er
 	if err := sess.Bind(claims, runID, stock); err != nil {
 		return &auth.RejectError{Reason: auth.ReasonSession, Detail: err.Error()}
 	}
-	m := &member{sess: sess, handler: ms.newHandler(sess, stock)}
+	m := &member{sess: sess, handler: ms.newHandler(sess, stock), stats: ms.metrics.tunnels.join(sess)}
 	sess.OnEnd(m.handler.CloseIdle)
 	replaced, err := ms.join(m)
 	if err != nil {
@@ -551,13 +552,7 @@ func (ms *members) info(m *member) Info {
 
 // countRequest records one request routed to m by its status code (0 =
 // failed before a response).
-func (m *member) countRequest(status int) { m.requests[statusClass(status)].Add(1) }
-
-// requestCounts are the member's requests by status class, as counted by
-// countRequest.
-func (m *member) requestCounts() (counts [6]uint64) {
-	for class := range m.requests {
-		counts[class] = m.requests[class].Load()
-	}
-	return counts
+func (m *member) countRequest(status int) {
+	m.requests[statusClass(status)].Add(1)
+	m.stats.count(status)
 }

@@ -1,6 +1,8 @@
 package server
 
 import (
+	"time"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -13,9 +15,9 @@ import (
 // metrics are the server's Prometheus metrics, on a registry of its own.
 //
 // Label cardinality is bounded: reasons and status classes are fixed sets,
-// and per-tunnel series exist only for connected tunnels, because they are
-// read from the registry at scrape time instead of being kept in vectors
-// that would remember every tunnel ever seen.
+// and per-tunnel series exist only for tunnels seen within a day
+// (tunnelstats.go), instead of being kept in vectors that would remember
+// every tunnel ever seen.
 type metrics struct {
 	// Static after newMetrics: the registry and its collectors, each safe
 	// for concurrent use.
@@ -38,11 +40,14 @@ type metrics struct {
 	// sessionsSilent counts sessions closed for a client that stopped
 	// answering while its tunnel had others (gate.Host's Silent).
 	sessionsSilent prometheus.Counter
+	// tunnels are the per-tunnel series, kept beyond their sessions.
+	tunnels *tunnelStats
 }
 
 func newMetrics(members func() []*member, anonymous func() int, entryConns *connSlots, reg registry.Registry) *metrics {
 	m := &metrics{
-		reg: prometheus.NewRegistry(),
+		reg:     prometheus.NewRegistry(),
+		tunnels: newTunnelStats(reg, time.Now),
 		sessionsReplaced: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tether_sessions_replaced_total",
 			Help: "Tunnel sessions ended because a newer login of the same tunnel took over (e.g. after a NAT dropped the old connection).",
@@ -101,19 +106,7 @@ func newMetrics(members func() []*member, anonymous func() int, entryConns *conn
 			Help: "Connections to the peer port refused at the TLS handshake: no certificate of a replica of this fleet (another --peer-secret-file or --peer-tls-ca, an earlier version, or no replica).",
 		}),
 	}
-	// The fairness limits' label values exist from the start, at 0, so that
-	// alerts on them see a rise from the first event.
-	for _, reason := range []string{
-		gate.RefusedAnonymousPerSubnet, entryCapLabels.refusedPerIP, entryCapLabels.evicted, entryCapLabels.evictedPerIP, peerCapLabels.evicted,
-	} {
-		m.connectionsRefused.WithLabelValues(reason)
-	}
-	for _, limit := range []string{gate.LimitFirstByte, gate.LimitEvicted} {
-		m.sessionsLimited.WithLabelValues(limit)
-	}
-	for _, reason := range []string{unroutedCallerBusy, unroutedBodyTimeout, unroutedAmbiguousLength} {
-		m.unrouted.WithLabelValues(reason)
-	}
+	m.preset()
 	m.reg.MustRegister(
 		m.forwarded, m.peerServed, m.peerRefused, m.sessionsSilent, registry.NewCollector(reg),
 		m.sessionsReplaced, m.loginsAccepted, m.loginsRejected, m.routesRejected,
@@ -127,12 +120,52 @@ func newMetrics(members func() []*member, anonymous func() int, entryConns *conn
 			Name: "tether_http_connections",
 			Help: "Connections open on the public entry (--http-addr), websockets included; --max-http-connections caps them.",
 		}, func() float64 { return float64(entryConns.count()) }),
-		tunnelCollector{members: members},
+		tunnelCollector{members: members}, m.tunnels,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 		version.Collector(),
 	)
 	return m
+}
+
+// unroutedReasons are the reasons of tether_http_unrouted_requests_total.
+var unroutedReasons = []string{
+	"unknown_host", "tunnel_down", "tunnel_disconnected", "tunnel_busy", unroutedCallerBusy,
+	unroutedBodyTimeout, "connect", "absolute_form", unroutedAmbiguousLength,
+}
+
+// preset makes every known label value of the vectors exist from the
+// start, at 0, so that an alert on a rise (increase(), rate()) sees the
+// first event rather than a series that appears with it.
+func (m *metrics) preset() {
+	for _, r := range auth.Reasons() {
+		m.loginsRejected.WithLabelValues(string(r))
+	}
+	for _, r := range auth.RouteReasons() {
+		m.routesRejected.WithLabelValues(string(r))
+	}
+	for _, r := range gate.StreamRefusals() {
+		m.refusedStreams.WithLabelValues(r)
+	}
+	for _, r := range append(gate.Refusals(), entryCapLabels.refused, entryCapLabels.refusedPerIP, entryCapLabels.evicted,
+		entryCapLabels.evictedPerIP, peerCapLabels.refused, peerCapLabels.evicted) {
+		m.connectionsRefused.WithLabelValues(r)
+	}
+	for _, l := range gate.Limits() {
+		m.sessionsLimited.WithLabelValues(l)
+	}
+	for _, r := range unroutedReasons {
+		m.unrouted.WithLabelValues(r)
+	}
+	for _, r := range []string{"accepted", "rejected"} {
+		m.probes.WithLabelValues(r)
+	}
+	for _, r := range []string{"ok", "unreachable", "missed"} {
+		m.forwarded.WithLabelValues(r)
+	}
+	for _, c := range []int{0, 100, 200, 300, 400, 500} {
+		m.requestDuration.WithLabelValues(classLabel(c))
+	}
 }
 
 // LoginAccepted implements auth.Observer.
@@ -164,49 +197,23 @@ var (
 		"Tunnels with a logged-in session on this server.", nil, nil)
 	sessionsDesc = prometheus.NewDesc("tether_sessions_connected",
 		"Logged-in tunnel sessions on this server (a tunnel may have several).", nil, nil)
-	tunnelRequestsDesc = prometheus.NewDesc("tether_tunnel_requests_total",
-		"Public HTTP requests served through a tunnel's sessions on this server, by status class (error = failed before a response).",
-		[]string{"tunnel", "code_class"}, nil)
-	tunnelBytesDesc = prometheus.NewDesc("tether_tunnel_bytes_total",
-		"Bytes on a tunnel's session connections on this server; in = sent by the clients.",
-		[]string{"tunnel", "direction"}, nil)
 )
 
-// tunnelCollector reads per-tunnel series from the members at scrape time,
-// summed over each tunnel's sessions.
+// tunnelCollector counts the connected tunnels and sessions at scrape time.
 type tunnelCollector struct{ members func() []*member }
 
 func (c tunnelCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- tunnelsDesc
 	ch <- sessionsDesc
-	ch <- tunnelRequestsDesc
-	ch <- tunnelBytesDesc
 }
 
 func (c tunnelCollector) Collect(ch chan<- prometheus.Metric) {
 	sessions := c.members() // by tunnel
 	tunnels := 0
-	for i := 0; i < len(sessions); {
-		name := sessions[i].sess.Tunnel()
-		var requests [6]uint64
-		var in, out uint64
-		for ; i < len(sessions) && sessions[i].sess.Tunnel() == name; i++ {
-			m := sessions[i]
-			for class, n := range m.requestCounts() {
-				requests[class] += n
-			}
-			sin, sout := m.sess.Traffic()
-			in += sin
-			out += sout
+	for i, m := range sessions {
+		if i == 0 || m.sess.Tunnel() != sessions[i-1].sess.Tunnel() {
+			tunnels++
 		}
-		tunnels++
-		for class, n := range requests {
-			if n > 0 {
-				ch <- prometheus.MustNewConstMetric(tunnelRequestsDesc, prometheus.CounterValue, float64(n), name, classLabel(class*100))
-			}
-		}
-		ch <- prometheus.MustNewConstMetric(tunnelBytesDesc, prometheus.CounterValue, float64(in), name, "in")
-		ch <- prometheus.MustNewConstMetric(tunnelBytesDesc, prometheus.CounterValue, float64(out), name, "out")
 	}
 	ch <- prometheus.MustNewConstMetric(tunnelsDesc, prometheus.GaugeValue, float64(tunnels))
 	ch <- prometheus.MustNewConstMetric(sessionsDesc, prometheus.GaugeValue, float64(len(sessions)))

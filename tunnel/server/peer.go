@@ -265,6 +265,7 @@ func (t *peerTransport) roundTrip(req *http.Request, att *peerAttempt) (*http.Re
 		}
 		res.Header.Del(peerMissHeader)
 		t.outcomes.WithLabelValues("ok").Inc()
+		noteForwarded(req.Context(), h.Replica)
 		return res, nil
 	}
 	if lastErr == nil {

@@ -103,6 +103,9 @@ type Config struct {
 	// the server waits for it before the request is answered 408 and its
 	// connection closed. Default 30s.
 	BodyIdleTimeout time.Duration
+	// AccessLog logs one line per public request, at info, as logger
+	// "access" (accesslog.go). Default off.
+	AccessLog bool
 
 	// Registry is where replicas share which of them serve which tunnel:
 	// "memory" (the default, one replica) or redis://HOST:PORT[/DB] or
@@ -647,7 +650,7 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*replica, error) {
 	sv.peerControl = &http.Client{Transport: &http.Transport{DialTLSContext: sv.peerDialer(), MaxResponseHeaderBytes: 16 << 10}}
 
 	sv.entrySrv = &http.Server{
-		Handler:           http.HandlerFunc(sv.serveEntry),
+		Handler:           newAccessLog(&s.cfg, s.log).wrap(sv.serveEntry),
 		ReadHeaderTimeout: 30 * time.Second,
 		IdleTimeout:       120 * time.Second,
 		ErrorLog:          zap.NewStdLog(s.log.Named("entry")),

@@ -229,6 +229,10 @@ func TestRenewalNoticeExtendsTheSession(t *testing.T) {
 		}
 		return errString("the session does not live by the renewal")
 	})
+	const key = `tether_tunnel_token_expiry_timestamp_seconds{tunnel="renewed"}`
+	if got, want := series(t, s.metrics.reg)[key], float64(renewed.ExpiresAt.Unix()); got != want {
+		t.Errorf("%s = %v after the renewal; want the renewal's exp %v", key, got, want)
+	}
 }
 
 // waitNotice accepts streams from the server until one carries a notice of

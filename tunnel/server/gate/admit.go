@@ -31,9 +31,9 @@ func (g *Gate) admitStream(sess *Session, stream *clientStream) {
 			_ = stream.Close() // the session ended under the read
 			return
 		}
-		reason := "malformed"
+		reason := StreamMalformed
 		if errors.Is(err, errOpeningTooLarge) {
-			reason = "too_large"
+			reason = StreamTooLarge
 		}
 		g.refuse(sess, stream, reason, "unreadable first message on a stream", zap.Error(err))
 		return
@@ -55,7 +55,7 @@ func (g *Gate) admitStream(sess *Session, stream *clientStream) {
 			routes = &r
 		}
 		if !sess.startLogin(version, routes) {
-			g.refuse(sess, stream, "second_login", "second login on one connection")
+			g.refuse(sess, stream, StreamSecondLogin, "second login on one connection")
 			return
 		}
 		if m.Metas == nil {
@@ -72,14 +72,14 @@ func (g *Gate) admitStream(sess *Session, stream *clientStream) {
 		}})
 	case *msg.NewWorkConn:
 		if err := admitsWork(sess, m.RunID); err != nil {
-			g.refuse(sess, stream, "foreign_work_conn", "work connection refused", zap.Error(err))
+			g.refuse(sess, stream, StreamForeignWorkConn, "work connection refused", zap.Error(err))
 			return
 		}
 		guarded := g.host.WorkConn(stream, op.v2)
 		op.rest = guarded
 		g.handOver(sess, op, guarded)
 	default:
-		g.refuse(sess, stream, "message_type", "stream refused", zap.String("message", fmt.Sprintf("%T", m)))
+		g.refuse(sess, stream, StreamMessageType, "stream refused", zap.String("message", fmt.Sprintf("%T", m)))
 	}
 }
 
@@ -115,7 +115,7 @@ func (g *Gate) handOver(sess *Session, op *opening, stream net.Conn) {
 	if err != nil {
 		// A login stamped with the session's ID can outgrow what frp
 		// reads; frp would drop it without a word.
-		g.refuse(sess, stream, "too_large", "first message refused", zap.Error(err))
+		g.refuse(sess, stream, StreamTooLarge, "first message refused", zap.Error(err))
 		return
 	}
 	if !g.host.HandOver(sess, conn) {
