@@ -169,18 +169,42 @@ type testGate struct {
 func startGate(t testing.TB, mutate ...func(*Config)) *testGate {
 	t.Helper()
 	host, obs := newFakeHost(t), &fakeObserver{}
+	g := newTestGate(t, host, obs, mutate...)
+	addr, stop := serveTestGate(t, g)
+	t.Cleanup(func() {
+		stop()
+		host.handlers.Wait()
+	})
+	return &testGate{Gate: g, addr: addr, host: host, obs: obs}
+}
+
+// newTestGate makes a gate with host and obs, configured as the server's
+// defaults but for what mutate changes (a nil mutate changes nothing).
+func newTestGate(t testing.TB, host Host, obs Observer, mutate ...func(*Config)) *Gate {
+	t.Helper()
 	log := zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel))
 	cfg := Config{
 		TLS: testTLS(t), HeartbeatTimeout: time.Minute, LoginTimeout: 30 * time.Second,
 		MaxAnonymous: DefaultMaxAnonymous, MaxAnonymousPerIP: DefaultMaxAnonymousPerIP, Log: log, FloodLog: log,
 	}
 	for _, m := range mutate {
-		m(&cfg)
+		if m != nil {
+			m(&cfg)
+		}
 	}
 	g, err := New(cfg, host, obs)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return g
+}
+
+// serveTestGate serves g on loopback, and returns its address and stop,
+// which ends serving, closes every session and waits for the gate: once
+// it returns, the host has heard all it will. stop runs once, at the end
+// of the test if not before.
+func serveTestGate(t testing.TB, g *Gate) (addr string, stop func()) {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -188,16 +212,19 @@ func startGate(t testing.TB, mutate ...func(*Config)) *testGate {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- g.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-		g.CloseAll("test ended")
-		g.Wait()
-		host.handlers.Wait()
-	})
-	return &testGate{Gate: g, addr: ln.Addr().String(), host: host, obs: obs}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+			g.CloseAll("test ended")
+			g.Wait()
+		})
+	}
+	t.Cleanup(stop)
+	return ln.Addr().String(), stop
 }
 
 // testTLS is a TLS configuration with a self-signed certificate.
