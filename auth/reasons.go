@@ -61,7 +61,7 @@ const (
 func Reasons() []Reason {
 	return []Reason{
 		ReasonMissingToken, ReasonMalformed, ReasonAlgorithm, ReasonUnknownKey, ReasonSignature,
-		ReasonExpired, ReasonNotYetValid, ReasonNoExpiry, ReasonIssuer, ReasonAudience, ReasonSubject,
+		ReasonExpired, ReasonNotYetValid, ReasonNoExpiry, ReasonIssuer, ReasonAudience, ReasonSubject, ReasonRevoked,
 		ReasonSessionLimit, ReasonMixedClients, ReasonProxy, ReasonSession, ReasonInternal,
 	}
 }
