@@ -22,7 +22,9 @@ func serveHeld(w http.ResponseWriter, r *http.Request, serve func(http.ResponseW
 		v := recover()
 		switch {
 		case v == nil:
-			hw.commit() // an answer without a body: its head goes now
+			if hw.status != 0 {
+				hw.commit() // an answer without a body: its head goes now
+			}
 			return
 		case v != http.ErrAbortHandler || r.Context().Err() != nil:
 			panic(v)
@@ -38,7 +40,9 @@ func serveHeld(w http.ResponseWriter, r *http.Request, serve func(http.ResponseW
 }
 
 // heldWriter holds a final status until the body's first byte, a flush,
-// or the end of the answer. Informational (1xx) heads pass at once.
+// or the end of the answer; when nothing was written (a forward that
+// passed every holder over), nothing is sent, and the caller answers.
+// Informational (1xx) heads pass at once.
 type heldWriter struct {
 	http.ResponseWriter
 	status int  // held; 0: none
@@ -81,7 +85,8 @@ func (w *heldWriter) Hijack() (net.Conn, *bufio.ReadWriter, error) {
 	return http.NewResponseController(w.ResponseWriter).Hijack()
 }
 
-// commit sends the held head, or 200 when none was written.
+// commit sends the held head, or 200 when a body comes without one (as
+// Go's server does).
 func (w *heldWriter) commit() {
 	if w.sent {
 		return
