@@ -47,14 +47,19 @@ const CodeBufferFull = "buffer_full"
 // retention, the route its last login advertised for r's path has the
 // buffer option (proxy.Buffered), its method is POST, PUT or PATCH and its
 // body at most Config.MaxBody; a store that fails is logged and answers
-// nothing. The headers are stored byte for byte but those that describe
-// one hop (Connection and those it names, Keep-Alive, Proxy-*, TE,
-// Trailer, Transfer-Encoding, Upgrade), Content-Length and Expect (a
-// delivery sends the whole body, and says its length), and X-Tether-
-// Delivery and -Attempt (each delivery sets its own): X-Forwarded-For,
-// -Host and -Proto stay as the entry set them, so the upstream learns the
-// caller it would have learnt without the outage. Trailers are not
-// stored.
+// nothing.
+//
+// The headers are stored byte for byte but those that describe one hop
+// (Connection and those it names, Keep-Alive, Proxy-*, TE, Trailer,
+// Transfer-Encoding, Upgrade), Content-Length and Expect (a delivery sends
+// the whole body, and says its length), and tether's own, X-Tether-* (each
+// delivery sets X-Tether-Delivery and -Attempt; a caller's would pass for
+// tether's). X-Forwarded-For, -Host and -Proto stay as the entry set them,
+// so the upstream learns the caller it would have learnt without the
+// outage. Credentials (Authorization, Cookie, X-Gitlab-Token, signatures)
+// are stored as they came, since the upstream checks them; like the body
+// and the query they are tenant data at rest: never logged, listed or
+// put in metrics. Trailers are not stored.
 func (f *Forwarder) Offer(w http.ResponseWriter, r *http.Request, tunnel string) bool {
 	if f == nil || !bufferable(r, f.cfg.MaxBody) {
 		return false
@@ -142,14 +147,29 @@ func writeReceipt(w http.ResponseWriter, e buffer.Entry) {
 // fullLogEvery is how often a refusal for a full buffer is logged at most.
 const fullLogEvery = 10 * time.Second
 
-// refuseFull answers 503 buffer_full.
+// refuseFull answers 503 buffer_full: the body names the tunnel and, for
+// a quota, the flag that sets it, so that the caller's owner knows what to
+// ask the operator for. The server-wide cap names no figure: what other
+// tunnels store is none of this caller's business.
 func (f *Forwarder) refuseFull(w http.ResponseWriter, log *zap.Logger, tunnel string, err error) {
 	now := time.Now().UnixNano()
 	if last := f.fullLogged.Load(); now-last >= int64(fullLogEvery) && f.fullLogged.CompareAndSwap(last, now) {
 		log.Warn("buffer full: request refused (further refusals are counted, and logged at most every 10s)", zap.Error(err))
 	}
-	proxy.WriteError(w, http.StatusServiceUnavailable, CodeBufferFull, fmt.Sprintf(
-		"tether: tunnel %q is not connected, and tether cannot store the request now: its buffer is full; retry later", tunnel))
+	proxy.WriteError(w, http.StatusServiceUnavailable, CodeBufferFull, fullMessage(tunnel, err))
+}
+
+// fullMessage is the body of a buffer_full answer for err.
+func fullMessage(tunnel string, err error) string {
+	const head = "tether: tunnel %q is not connected, and tether cannot store the request: "
+	var fe *buffer.FullError
+	if !errors.As(err, &fe) {
+		return fmt.Sprintf(head+"it is reading as many bodies for the tunnel as it may at once; retry later", tunnel)
+	}
+	if fe.Flag == buffer.FlagMaxTotalBytes {
+		return fmt.Sprintf(head+"the server's buffer for all tunnels is full (%s); retry later, or ask the operator to raise %s", tunnel, fe.Flag, fe.Flag)
+	}
+	return fmt.Sprintf(head+"its buffer is full: %s; retry later, or ask the operator to raise %s", tunnel, fe.Error(), fe.Flag)
 }
 
 // hopHeaders describe one connection, not the request (RFC 9110 7.6.1),
@@ -157,13 +177,12 @@ func (f *Forwarder) refuseFull(w http.ResponseWriter, log *zap.Logger, tunnel st
 var hopHeaders = []string{
 	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
 	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Content-Length", "Expect",
-	DeliveryHeader, AttemptHeader,
 }
 
 // storedHeader is what is stored of the request's header h: all of it but
-// hopHeaders and the fields Connection names, each value byte for byte.
-// Names are compared ignoring case and with '_' for '-', as servers that
-// map them to CGI variables read them.
+// hopHeaders, the fields Connection names and tether's own (X-Tether-*),
+// each value byte for byte. Names are compared ignoring case and with '_'
+// for '-', as servers that map them to CGI variables read them.
 func storedHeader(h http.Header) http.Header {
 	var named []string
 	for _, v := range h.Values("Connection") {
@@ -175,12 +194,22 @@ func storedHeader(h http.Header) http.Header {
 	}
 	out := make(http.Header, len(h))
 	for k, vs := range h {
-		if matchesAny(k, hopHeaders) || matchesAny(k, named) {
+		if matchesAny(k, hopHeaders) || matchesAny(k, named) || tetherField(k) {
 			continue
 		}
 		out[k] = append([]string(nil), vs...)
 	}
 	return out
+}
+
+// tetherField reports whether the field named k is one of tether's own
+// (X-Tether-*, in any case, '_' for '-'). A caller's is not stored: the
+// upstream takes X-Tether-Delivery and -Attempt for tether's word on
+// which request this is (a forged ID would have it drop a real delivery
+// as a duplicate), and each delivery sets its own.
+func tetherField(k string) bool {
+	const prefix = "x-tether-"
+	return len(k) >= len(prefix) && strings.EqualFold(strings.ReplaceAll(k[:len(prefix)], "_", "-"), prefix)
 }
 
 // matchesAny reports whether the field name k is one of names, ignoring
@@ -208,7 +237,8 @@ const firstRead = 8 << 10
 // readBody reads r's body whole, each read bounded by the idle timeout,
 // charging what it holds to the pending bound; release gives it back. It
 // fails with errTooLarge past Config.MaxBody, errPendingFull past the
-// pending bound, or the read's error.
+// pending bound, or the read's error; then the answer, whoever writes it,
+// closes the connection.
 func (f *Forwarder) readBody(w http.ResponseWriter, r *http.Request, tunnel string) (body []byte, release func(), err error) {
 	var held int64
 	release = func() { f.pending.give(tunnel, held) }
@@ -216,9 +246,18 @@ func (f *Forwarder) readBody(w http.ResponseWriter, r *http.Request, tunnel stri
 		return []byte{}, release, nil
 	}
 	rc := http.NewResponseController(w)
-	// Past the body, the server reads on to see the caller leave; a
-	// deadline left in place would end the connection.
-	defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	defer func() {
+		if err == nil {
+			// Past the body, the server reads on to see the caller
+			// leave; a deadline left in place would end the request.
+			_ = rc.SetReadDeadline(time.Time{})
+			return
+		}
+		// Without it, net/http reads what is left of a body of up to
+		// 256 KiB after the answer, to reuse the connection, with no
+		// deadline: a caller that stalled would hold it for ever.
+		w.Header().Set("Connection", "close")
+	}()
 	// One byte more than the body may have, to see its end (or that it is
 	// too large) without another buffer.
 	limit := f.cfg.MaxBody + 1

@@ -101,8 +101,8 @@ func must[T any](v T, err error) T {
 }
 
 // TestStoredHeaders: what describes one hop, the body's framing and a
-// caller's own X-Tether-Delivery/-Attempt are not stored; everything else
-// is, byte for byte.
+// caller's X-Tether-* fields are not stored; everything else is, byte for
+// byte, credentials included.
 func TestStoredHeaders(t *testing.T) {
 	in := http.Header{
 		"Connection":          {"keep-alive, X-Hop"},
@@ -116,6 +116,8 @@ func TestStoredHeaders(t *testing.T) {
 		"Expect":              {"100-continue"},
 		"X-Tether-Delivery":   {"forged"},
 		"X-Tether_Attempt":    {"9"},
+		"X-Tether-Signature":  {"forged"},
+		"x-tether-buffered":   {"forged"},
 		"Authorization":       {"Bearer t"},
 		"X-Gitlab-Token":      {"  tok  "},
 		"X-Hub-Signature-256": {"sha256=00"},
@@ -223,8 +225,9 @@ func TestBufferFull(t *testing.T) {
 			}
 		}
 		status, id, code, body := post(t, githubHook(t, base, "acme", 3))
-		if status != http.StatusServiceUnavailable || code != CodeBufferFull || id != "" || !strings.Contains(string(body), "buffer is full") {
-			t.Errorf("past the quota: got %d %s %q %s, want 503 buffer_full", status, code, id, body)
+		if status != http.StatusServiceUnavailable || code != CodeBufferFull || id != "" ||
+			!strings.Contains(string(body), `tunnel "acme"`) || !strings.Contains(string(body), "raise --buffer-max-requests") {
+			t.Errorf("past the quota: got %d %s %q %s, want 503 buffer_full naming the tunnel and --buffer-max-requests", status, code, id, body)
 		}
 		if status, _, _, body := post(t, githubHook(t, base, "other", 0)); status != http.StatusAccepted {
 			t.Errorf("another tunnel: got %d %s, want 202", status, body)
@@ -387,4 +390,214 @@ func TestDeclaredLengthNotTrusted(t *testing.T) {
 	if held := r.pending.held(); held != n*firstRead {
 		t.Errorf("%d callers that sent a byte hold %d bytes, want %d", n, held, n*firstRead)
 	}
+}
+
+// TestCallerTetherFieldsNotStored: a caller's X-Tether-* fields never
+// reach the upstream with a delivery: a forged X-Tether-Delivery would
+// have the upstream drop the real delivery it names as a duplicate.
+func TestCallerTetherFieldsNotStored(t *testing.T) {
+	r := newReplica(t, registryBacking(t), Config{}, nil, nil, "acme")
+	base := testEntry(t, r.Forwarder)
+	victim := offer(t, r, githubHook(t, "", "acme", 0))
+	req := githubHook(t, base, "acme", 1)
+	req.Header["X-Tether-Delivery"] = []string{victim}
+	req.Header["X-Tether-Attempt"] = []string{"7"}
+	req.Header["X-Tether-Signature"] = []string{"forged"}
+	req.Header["x-tether_buffered"] = []string{"forged"}
+	status, id, _, body := post(t, req)
+	if status != http.StatusAccepted {
+		t.Fatalf("got %d %s, want 202", status, body)
+	}
+	r.sender.serve("acme", true)
+	r.run(t)
+	r.Kick("acme")
+	got := r.up.waitDeliveries(t, 2)
+	if !slices.Equal(ids(got), []string{victim, id}) {
+		t.Fatalf("delivered %q, want %q", ids(got), []string{victim, id})
+	}
+	for k, vs := range got[1].header {
+		if tetherField(k) && k != DeliveryHeader && k != AttemptHeader {
+			t.Errorf("the caller's %s %q reached the upstream", k, vs)
+		}
+	}
+	if d := got[1]; d.header.Values(DeliveryHeader)[0] != id || len(d.header.Values(DeliveryHeader)) != 1 ||
+		len(d.header.Values(AttemptHeader)) != 1 || d.attempt() != "1" {
+		t.Errorf("delivery headers %q %q, want tether's alone: %s, 1", d.header.Values(DeliveryHeader), d.header.Values(AttemptHeader), id)
+	}
+}
+
+// TestTricklingBodyTimesOut: a caller that starts a body and then sends
+// nothing is cut off after Config.BodyIdleTimeout: nothing is stored, the
+// memory it held is given back, and it gets today's answer (or none, the
+// connection being closed under its body).
+func TestTricklingBodyTimesOut(t *testing.T) {
+	const idle = 200 * time.Millisecond
+	r := newReplica(t, registryBacking(t), Config{BodyIdleTimeout: idle}, nil, nil, "acme")
+	base := testEntry(t, r.Forwarder)
+	pr, pw := io.Pipe()
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop); pw.Close() })
+	go func() {
+		// A few bytes at once, then nothing until the test ends.
+		if _, err := pw.Write([]byte(`{"ref":`)); err != nil {
+			return
+		}
+		<-stop
+	}()
+	req, err := http.NewRequest(http.MethodPost, base+"/webhooks/github", pr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Host = "acme.tunnels.test"
+	req.ContentLength = 1 << 10
+	answered := make(chan string, 1)
+	start := time.Now()
+	go func() {
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			answered <- "no answer: " + err.Error()
+			return
+		}
+		resp.Body.Close()
+		answered <- resp.Header.Get("X-Tether-Error")
+	}()
+	select {
+	case code := <-answered:
+		if code != "tunnel_down" && !strings.HasPrefix(code, "no answer") {
+			t.Errorf("a body that stalled: answered %q, want today's tunnel_down or a closed connection", code)
+		}
+		t.Logf("a body that stalled was cut off after %v (idle timeout %v): %s", time.Since(start), idle, code)
+	case <-time.After(20 * time.Second):
+		t.Fatalf("a body that stalled still held the request after 20s; want it cut off after %v", idle)
+	}
+	testutil.WaitFor(t, 5*time.Second, func() error {
+		if held := r.pending.held(); held != 0 {
+			return fmt.Errorf("the cut-off body still holds %d bytes", held)
+		}
+		return nil
+	})
+	if all, err := r.buf.All(t.Context()); err != nil || len(all) != 0 {
+		t.Errorf("stored %v (%v), want nothing", all, err)
+	}
+}
+
+// TestFloodKeepsToItsTunnel: callers flooding one tunnel that is down, at
+// once, fill that tunnel's quota and no more: the next request is 503
+// buffer_full naming the tunnel and the flag, and another tunnel's
+// webhooks are still stored until the server-wide cap, whose answer names
+// its flag but not what other tunnels store.
+func TestFloodKeepsToItsTunnel(t *testing.T) {
+	forEachStore(t, func(t *testing.T, s store) {
+		const maxBytes, total = 16 << 10, 40 << 10
+		cfg := Config{MaxBody: 4 << 10, Buffer: buffer.Config{MaxBytes: maxBytes, MaxTotalBytes: total}}
+		r := newReplica(t, s.backing(t, "a"), cfg, nil, nil, "flooded", "other", "third")
+		base := testEntry(t, r.Forwarder)
+		flood := func(tunnel string, n int) (accepted int, refusals []string) {
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for k := range n {
+				wg.Go(func() {
+					status, _, code, body := post(t, githubHook(t, base, tunnel, k))
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case status == http.StatusAccepted:
+						accepted++
+					case code == CodeBufferFull:
+						refusals = append(refusals, string(body))
+					default:
+						t.Errorf("flood of %s: got %d %s %s", tunnel, status, code, body)
+					}
+				})
+			}
+			wg.Wait()
+			return accepted, refusals
+		}
+		// A hook's size: they differ by a few bytes with their number.
+		offer(t, r, githubHook(t, "", "other", 0))
+		size := must(r.buf.Stats(t.Context(), "other")).Bytes
+		const slop = 16
+
+		accepted, refusals := flood("flooded", 3*maxBytes/int(size))
+		full := len(refusals)
+		st := must(r.buf.Stats(t.Context(), "flooded"))
+		t.Logf("%d-byte webhooks: %d accepted for the flooded tunnel (%d bytes), %d refused", size, accepted, st.Bytes, len(refusals))
+		if st.Bytes > maxBytes || maxBytes-st.Bytes > size+slop || accepted != st.Queued || len(refusals) == 0 {
+			t.Errorf("the flooded tunnel stores %d bytes in %d requests (%d accepted), want its quota of %d filled and no more", st.Bytes, st.Queued, accepted, maxBytes)
+		}
+		for _, body := range refusals {
+			if !strings.Contains(body, `tunnel "flooded"`) || !strings.Contains(body, "raise --buffer-max-bytes") {
+				t.Fatalf("a refusal says %q; want it to name the tunnel and --buffer-max-bytes", body)
+			}
+		}
+		// Another tunnel's quota is whole.
+		room := int((maxBytes - size) / (size + slop))
+		if accepted, _ := flood("other", room); accepted != room {
+			t.Errorf("another tunnel: %d of %d accepted, want all", accepted, room)
+		}
+		// The third fills what the server-wide cap leaves.
+		accepted, refusals = flood("third", 2*maxBytes/int(size))
+		full += len(refusals)
+		var stored int64
+		for _, st := range must(r.buf.All(t.Context())) {
+			stored += st.Bytes
+		}
+		if stored > total || total-stored > size+slop || len(refusals) == 0 || accepted == 0 {
+			t.Errorf("all tunnels store %d bytes (%d accepted for the third), want the cap of %d filled and no more", stored, accepted, total)
+		}
+		for _, body := range refusals {
+			if !strings.Contains(body, `tunnel "third"`) || !strings.Contains(body, "raise --buffer-max-total-bytes") ||
+				strings.ContainsAny(body, "0123456789") {
+				t.Fatalf("a refusal at the server-wide cap says %q; want it to name the tunnel and --buffer-max-total-bytes, and no figure", body)
+			}
+		}
+		if c := r.buf.Counts(); int(c.Full) != full {
+			t.Errorf("%d refusals counted, want %d", c.Full, full)
+		}
+	})
+}
+
+// TestLastLoginDecides: whether a tunnel's requests are stored follows the
+// routes its last login advertised: a route that dropped the option, or a
+// custom route that took it.
+func TestLastLoginDecides(t *testing.T) {
+	r := newReplica(t, registryBacking(t), Config{}, nil, nil, "acme")
+	base := testEntry(t, r.Forwarder)
+	if err := r.routes.Remember("acme", []string{"/webhooks=http://events:12000/;buffer=false", "/hooks=http://ci:8080;buffer"}); err != nil {
+		t.Fatal(err)
+	}
+	if status, _, code, body := post(t, githubHook(t, base, "acme", 0)); status != http.StatusServiceUnavailable || code != "tunnel_down" {
+		t.Errorf("/webhooks without the option: got %d %s %s, want today's 503 tunnel_down", status, code, body)
+	}
+	req := githubHook(t, base, "acme", 1)
+	req.URL.Path = "/hooks/gitlab"
+	if status, _, _, body := post(t, req); status != http.StatusAccepted {
+		t.Errorf("/hooks with the option: got %d %s, want 202", status, body)
+	}
+}
+
+// TestStoreFailureIsNotAccepted: when the store cannot confirm the write,
+// the caller gets today's answer, never a 202 for a request that may be
+// lost.
+func TestStoreFailureIsNotAccepted(t *testing.T) {
+	t.Run("data-dir", func(t *testing.T) {
+		st := openStore(t, t.TempDir())
+		r := newReplica(t, registry.Backing{Store: st}, Config{}, nil, nil, "acme")
+		base := testEntry(t, r.Forwarder)
+		if err := st.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if status, id, code, body := post(t, githubHook(t, base, "acme", 0)); status != http.StatusServiceUnavailable || code != "tunnel_down" || id != "" {
+			t.Errorf("with the store closed: got %d %s %q %s, want today's 503 tunnel_down", status, code, id, body)
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		srv := testutil.StartRedis(t)
+		r := newReplica(t, registry.Backing{Redis: redisConn(t, srv.URL(), "a")}, Config{}, nil, nil, "acme")
+		base := testEntry(t, r.Forwarder)
+		srv.Kill()
+		if status, id, code, body := post(t, githubHook(t, base, "acme", 0)); status != http.StatusServiceUnavailable || code != "tunnel_down" || id != "" {
+			t.Errorf("with Redis away: got %d %s %q %s, want today's 503 tunnel_down", status, code, id, body)
+		}
+	})
 }

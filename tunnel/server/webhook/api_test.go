@@ -81,8 +81,8 @@ func listing(t testing.TB, api, tunnel string) Listing {
 }
 
 // tenantSecrets are what a listing, a log line or a metric must never
-// show: the body, the query, the headers' values.
-var tenantSecrets = []string{bodyMarker, "q-secret", "sha256=", "GitHub-Hookshot", "292430182"}
+// show: the body, the query, the headers' values, credentials above all.
+var tenantSecrets = []string{bodyMarker, "q-secret", "sha256=", "GitHub-Hookshot", "292430182", authSecret, cookieSecret}
 
 func showsSecret(s string) string {
 	for _, secret := range tenantSecrets {
@@ -225,7 +225,7 @@ func TestSummaries(t *testing.T) {
 }
 
 // TestMetrics: the outcome counters exist from the start; the gauges show
-// each tunnel's stored requests by state, and bytes.
+// each tunnel's stored requests by state, bytes and the oldest one's age.
 func TestMetrics(t *testing.T) {
 	r := newReplica(t, registryBacking(t), Config{}, nil, nil, "acme")
 	reg := prometheus.NewPedanticRegistry()
@@ -259,7 +259,13 @@ func TestMetrics(t *testing.T) {
 	want[`tether_buffered_requests{state="queued",tunnel="acme"}`] = 1
 	want[`tether_buffered_requests{state="rejected",tunnel="acme"}`] = 1
 	want[`tether_buffered_bytes{tunnel="acme"}`] = float64(st.Bytes)
-	if got := gather(t, reg); !maps.Equal(got, want) {
+	got := gather(t, reg)
+	const oldest = `tether_buffer_oldest_age_seconds{tunnel="acme"}`
+	if age, ok := got[oldest]; !ok || age < 0 || age > time.Since(st.Oldest).Seconds() {
+		t.Errorf("%s = %v (present %v), want the age of the oldest request, at most %v", oldest, age, ok, time.Since(st.Oldest).Seconds())
+	}
+	delete(got, oldest)
+	if !maps.Equal(got, want) {
 		t.Errorf("got %v\nwant %v", got, want)
 	}
 }

@@ -135,6 +135,9 @@ func (f *Forwarder) deliverQueue(ctx context.Context, w *worker) {
 	}()
 
 	b := backoff{min: f.cfg.RetryFirst, max: f.cfg.RetryMax}
+	// storeWait spaces the tries while the store fails (Redis away), so
+	// that an outage of hours is not a warning a second.
+	storeWait := backoff{min: f.cfg.RetryFirst, max: f.cfg.RetryMax}
 	for {
 		select {
 		case <-w.wake:
@@ -154,12 +157,14 @@ func (f *Forwarder) deliverQueue(ctx context.Context, w *worker) {
 			if ctx.Err() != nil {
 				return
 			}
-			log.Warn("could not read the buffered requests; retrying", zap.Error(err))
-			if !w.sleep(ctx, f.cfg.RetryFirst) {
+			wait := storeWait.next("", 0)
+			log.Warn("could not read the buffered requests; retrying", zap.Error(err), zap.Duration("retry_in", wait))
+			if !w.sleep(ctx, wait) {
 				return
 			}
 			continue
 		}
+		storeWait.reset()
 		if time.Since(req.QueuedAt) > f.cfg.Buffer.Retention+time.Millisecond {
 			// Its retention ended (the store's expiry counts in whole
 			// milliseconds): drop it, and any other whose retention
@@ -169,8 +174,9 @@ func (f *Forwarder) deliverQueue(ctx context.Context, w *worker) {
 				log.Info("dropped buffered requests older than the retention", zap.Int("requests", n), zap.Duration("retention", f.cfg.Buffer.Retention))
 			}
 			if err != nil && ctx.Err() == nil {
-				log.Warn("could not drop buffered requests older than the retention; retrying", zap.Error(err))
-				if !w.sleep(ctx, f.cfg.RetryFirst) {
+				wait := storeWait.next("", 0)
+				log.Warn("could not drop buffered requests older than the retention; retrying", zap.Error(err), zap.Duration("retry_in", wait))
+				if !w.sleep(ctx, wait) {
 					return
 				}
 			}
@@ -262,15 +268,20 @@ func (f *Forwarder) attempt(ctx context.Context, lease *buffer.Lease, req *buffe
 	return false
 }
 
+// errUndeliverable is matched by the error of a stored request that no
+// HTTP request can carry (a store changed behind tether's back): no retry
+// mends it, so it is rejected, kept for a person to look at.
+var errUndeliverable = errors.New("undeliverable")
+
 // deliveryRequest is the request that delivers r for its n-th attempt.
 func deliveryRequest(ctx context.Context, r *buffer.Request, n int) (*http.Request, error) {
 	u, err := url.ParseRequestURI(r.URI)
 	if err != nil {
-		return nil, fmt.Errorf("buffered request %s has a bad URI: %w", r.ID, err)
+		return nil, fmt.Errorf("%w: the stored request URI is not one: %w", errUndeliverable, err)
 	}
 	hr, err := http.NewRequestWithContext(ctx, r.Method, "/", bytes.NewReader(r.Body))
 	if err != nil {
-		return nil, fmt.Errorf("buffered request %s: %w", r.ID, err)
+		return nil, fmt.Errorf("%w: %w", errUndeliverable, err)
 	}
 	hr.URL = u
 	hr.RequestURI = r.URI
@@ -314,6 +325,8 @@ type outcome struct {
 // mends: that rejects.
 func judge(a Answer, err error) outcome {
 	switch {
+	case errors.Is(err, errUndeliverable):
+		return outcome{verdict: rejected, reason: err.Error()}
 	case errors.Is(err, ErrNotServed):
 		return outcome{verdict: notServed}
 	case errors.Is(err, context.DeadlineExceeded):

@@ -171,6 +171,12 @@ func tunnelDownEntry(f *Forwarder) http.Handler {
 // hookSecret signs the test webhooks, as a Git provider does.
 const hookSecret = "It's a Secret to Everybody"
 
+// authSecret and cookieSecret are the credentials of every test webhook.
+const (
+	authSecret   = "aG9vazpjcmVkLTdiMmU="
+	cookieSecret = "cookie-secret-91c4"
+)
+
 // bodyMarker is in every test webhook's body, so that a test can look for
 // bodies where they must not be.
 const bodyMarker = "BODY-MARKER-5f3a"
@@ -195,6 +201,10 @@ func githubHook(t testing.TB, base, tunnel string, n int) *http.Request {
 	h.Set("X-GitHub-Hook-ID", "292430182")
 	h.Set("X-Hub-Signature-256", "sha256="+hex.EncodeToString(mac.Sum(nil)))
 	h["X-Spaced"] = []string{"two  inner  spaces", "second"}
+	// Credentials the upstream checks: delivered as they came, shown
+	// nowhere else.
+	h.Set("Authorization", "Basic "+authSecret)
+	h.Set("Cookie", "session="+cookieSecret)
 	return req
 }
 
