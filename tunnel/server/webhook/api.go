@@ -48,8 +48,12 @@ func (f *Forwarder) Summary(ctx context.Context, tunnel string) (Summary, error)
 }
 
 // Summaries returns the state of the buffer of every tunnel that has
-// stored requests, on any replica (one store round trip).
+// stored requests, on any replica (one store round trip); none on a nil
+// Forwarder (buffering off).
 func (f *Forwarder) Summaries(ctx context.Context) (map[string]Summary, error) {
+	if f == nil {
+		return nil, nil
+	}
 	all, err := f.buf.All(ctx)
 	if err != nil {
 		return nil, err

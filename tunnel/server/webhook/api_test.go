@@ -3,6 +3,7 @@ package webhook
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"maps"
@@ -346,6 +347,40 @@ func TestNoTenantDataInLogs(t *testing.T) {
 	for _, want := range []string{"request buffered", "buffered request not delivered; retrying", "buffered request delivered"} {
 		if !slices.Contains(messages, want) {
 			t.Errorf("no %q log line among %q", want, messages)
+		}
+	}
+}
+
+// TestBufferingOff: without a data directory or Redis, New says buffering
+// is off, and the nil Forwarder the server keeps then does nothing.
+func TestBufferingOff(t *testing.T) {
+	routes, err := registry.NewRoutes(registry.RoutesConfig{}, registry.Backing{}, zap.NewNop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := New(Config{}, registry.Backing{}, routes, newFakeSender(&upstream{}), zap.NewNop())
+	if !errors.Is(err, buffer.ErrDisabled) || f != nil || !strings.Contains(err.Error(), "--data-dir") {
+		t.Fatalf("New without a store: %v, %v; want buffer.ErrDisabled naming --data-dir", f, err)
+	}
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/webhooks/github", strings.NewReader("{}"))
+	if f.Offer(rec, req, "acme") || rec.Code != http.StatusOK || rec.Body.Len() != 0 || len(rec.Header()) != 0 {
+		t.Errorf("Offer on a nil Forwarder answered %d %q", rec.Code, rec.Body)
+	}
+	f.Kick("acme")
+	if all, err := f.Summaries(t.Context()); all != nil || err != nil {
+		t.Errorf("Summaries on a nil Forwarder: %v %v", all, err)
+	}
+}
+
+// TestConfigRefused: New reports every problem of its configuration,
+// naming the flags.
+func TestConfigRefused(t *testing.T) {
+	cfg := Config{MaxBody: 2 << 20, Buffer: buffer.Config{MaxBytes: 1 << 20}, BodyIdleTimeout: -1, RetryFirst: time.Minute, RetryMax: time.Second}
+	_, err := New(cfg, registryBacking(t), nil, nil, zap.NewNop())
+	for _, want := range []string{"--buffer-max-body 2097152 is above --buffer-max-bytes 1048576", "--body-idle-timeout -1ns", "retry backoff 1m0s to 1s"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("New: %v; want it to say %q", err, want)
 		}
 	}
 }

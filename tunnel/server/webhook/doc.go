@@ -6,15 +6,64 @@
 //
 // A Forwarder sits on the buffer package's durable store (bbolt in
 // --data-dir, or Redis shared by the replicas) and on the registry's
-// remembered routes. The server wires it in a few lines:
+// remembered routes. Its interface to the server is three things the server
+// hands in (the Backing, the Routes, a Sender) and six calls.
 //
-//	fw, err := webhook.New(cfg, backing, routes, server, log) // buffer.ErrDisabled: say "buffering off" once
-//	go fw.Run(ctx)                  // deliveries, the sweep, expiry; returns when all stopped
-//	fw.Offer(w, r, tunnel)          // on the way to 503 tunnel_down / 502: true if it answered
-//	fw.Kick(tunnel)                 // a session of tunnel logged in here
-//	fw.Register(adminMux, requireAdminToken)
-//	metrics.MustRegister(fw.Collector())
-//	fw.Summaries(ctx)               // per tunnel, for /api/tunnels and tether status
+// # Wiring it into the server
+//
+// At start, after the registry and the data directory are open:
+//
+//	backing, err := registry.BackingFor(reg, store)     // store: registry.OpenStore(--data-dir), or nil
+//	routes, err := registry.NewRoutes(registry.RoutesConfig{Retention: cfg.BufferRetention}, backing, log)
+//	fw, err := webhook.New(webhook.Config{
+//		Buffer: buffer.Config{
+//			Retention:     cfg.BufferRetention,     // --buffer-retention (default 72h)
+//			MaxRequests:   cfg.BufferMaxRequests,   // --buffer-max-requests (1000)
+//			MaxBytes:      cfg.BufferMaxBytes,      // --buffer-max-bytes (64 MiB)
+//			MaxTotalBytes: cfg.BufferMaxTotalBytes, // --buffer-max-total-bytes (1 GiB)
+//		},
+//		MaxBody:         cfg.BufferMaxBody,   // --buffer-max-body (10 MiB)
+//		BodyIdleTimeout: cfg.BodyIdleTimeout, // --body-idle-timeout, as for every body
+//	}, backing, routes, sender, log)
+//
+// New validates the configuration (every problem, naming the flags) and
+// starts nothing. With neither --data-dir nor a Redis registry it fails
+// with buffer.ErrDisabled, whose text the server logs once at Info; the
+// server then keeps a nil *Forwarder, on which Offer, Kick and Summaries
+// do nothing, and mounts no endpoints nor collector for it. Then, under
+// the server's errgroup: routes.Run(ctx) and fw.Run(ctx); and
+//
+//	fw.Register(adminMux, s.requireAdminToken)  // GET/DELETE /api/tunnels/{name}/buffer, …/{id}, POST …/{id}/retry
+//	s.metrics.reg.MustRegister(fw.Collector())
+//
+// On each login of a tunnel's session: routes.Remember(name, specs) with
+// the route specs the login advertised (proxy.Route.String of each), then
+// fw.Kick(name). When the last session of the tunnel here ends:
+// routes.Left(name). /api/tunnels and tether status take fw.Summaries(ctx)
+// (one store round trip for all tunnels), and list the tunnels that have a
+// queue but no session too.
+//
+// On the public entry, for a request from a caller (not one another replica
+// forwarded: the replica that forwarded it offers it), inside the request's
+// slot (so the entry's per-tunnel and per-caller caps bound the bodies
+// being read), and with its body not yet read by anyone: where the entry
+// would answer 503 tunnel_down or 502 tunnel_disconnected (no session
+// took any of the request), and where a session's client answered 502
+// upstream_unreachable before any of the body was sent, the entry calls
+// fw.Offer(w, r, name) first and answers as today only when Offer returns
+// false.
+//
+// The Sender is the entry's own way through a session here, minus the
+// public part: Serves is "a session here serves the tunnel" and does not
+// block; Send picks a session here as the entry does, serves the request
+// through its router (Host set to the tunnel's host, X-Forwarded-* left as
+// stored), reads the answer's status and, from tether's own answers,
+// X-Tether-Error, discards the answer's body, and returns ErrNotServed when
+// no session here took the request before any of it was sent.
+//
+// On stop, after the public entry stopped taking requests: cancel Run's ctx
+// (deliveries stop and give their leases back), wait for it, fw.Close();
+// then the routes (Run, Close), then the data directory's store.
 //
 // # Accepting
 //
@@ -27,9 +76,13 @@
 // replica within Config.MaxPendingBytes, a tunnel's within a quarter of
 // it), stores the request, and only once the store confirmed the write
 // answers 202 with X-Tether-Buffered and {"id", "tunnel", "queued_at"}.
-// Past a quota it answers 503 buffer_full; in every other case it answers
-// nothing, and the caller gives today's answer. What is stored of the
-// headers, and why, is in Offer's doc.
+// Past a quota (--buffer-max-requests, --buffer-max-bytes of the tunnel,
+// --buffer-max-total-bytes of all) or the pending bound it answers 503
+// with X-Tether-Error: buffer_full and a sentence naming the tunnel and
+// the flag to raise; in every other case it answers nothing, and the
+// caller gives today's answer (with Connection: close when Offer read part
+// of the body: a body that stalled ends with its connection). What is
+// stored of the headers, credentials included, and why, is in Offer's doc.
 //
 // # Delivering
 //

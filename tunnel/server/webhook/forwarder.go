@@ -169,8 +169,8 @@ type Routes interface {
 
 // Forwarder stores the requests of buffered routes that cannot reach their
 // tunnel and delivers them when it is back; the package doc tells how. Its
-// methods are safe for concurrent use; Offer and Kick may be called on a
-// nil Forwarder (buffering off).
+// methods are safe for concurrent use; Offer, Kick and Summaries may be
+// called on a nil Forwarder (buffering off).
 type Forwarder struct {
 	// Static after New.
 	cfg    Config
