@@ -43,7 +43,9 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request) {
 	}
 	res, err := rt.transport.roundTrip(out, rt.Timeout, w)
 	if err != nil {
-		rt.handleError(w, out, err)
+		if !rt.tookUnreachable(w, in, err) {
+			rt.handleError(w, out, err)
+		}
 		return
 	}
 	if rt.metrics != nil {

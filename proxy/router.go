@@ -40,6 +40,15 @@ type Options struct {
 	// reached it, to send the request through another session.
 	Reroute func(err error) bool
 
+	// Unreachable, if set, is asked about a request whose upstream could
+	// not be connected to, before the router answers it 502
+	// upstream_unreachable: none of the request was sent, and req, the
+	// caller's request, has its body unread by the router. When it
+	// returns true it has answered req itself, and the router writes
+	// nothing more. The tunnel server uses it to store a request of a
+	// buffered route for delivery once the upstream is back.
+	Unreachable func(w http.ResponseWriter, req *http.Request) bool
+
 	// Metrics, if set, receives the router's collectors:
 	// tether_proxy_requests_total{route,adapter,class} and
 	// tether_proxy_upstream_latency_seconds{route,adapter}.
@@ -68,6 +77,7 @@ type route struct {
 	log         *zap.Logger
 	metrics     *routeMetrics // nil without metrics
 	reroute     func(error) bool
+	unreachable func(http.ResponseWriter, *http.Request) bool
 }
 
 // ValidateRoutes checks routes as NewRouter does (at least one, prefixes
@@ -123,6 +133,7 @@ func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 			dialTimeout: dialTimeout,
 			transport:   t,
 			reroute:     opts.Reroute,
+			unreachable: opts.Unreachable,
 		}
 		rt.log = log.With(
 			zap.String("route", g.Prefix),

@@ -17,7 +17,10 @@ import (
 //	GET /healthz      200 while the process runs
 //	GET /readyz       200 while serving, 503 before start-up completes and while draining
 //	GET /metrics      Prometheus
-//	GET /api/tunnels  JSON list of this replica's sessions (a tunnel may have several)
+//	GET /api/tunnels  JSON list of this replica's sessions (a tunnel may have several), each
+//	                  with its tunnel's buffered requests, and a row for each tunnel
+//	                  with buffered requests but no session here
+//	/api/tunnels/{name}/buffer: webhook.Forwarder.Register
 //	GET /api/fleet    JSON: every tunnel the registry knows, with the replicas that serve it
 //	/api/revocations, /api/tunnels/{name}/disconnect: revokeapi.go
 //	GET /debug/pprof/ Go profiles
@@ -44,13 +47,14 @@ func (s *serving) adminHandler() http.Handler {
 	mux.Handle("GET /api/tunnels", s.requireAdminToken(http.HandlerFunc(s.listTunnels)))
 	mux.Handle("GET /api/fleet", s.requireAdminToken(http.HandlerFunc(s.listFleet)))
 	s.registerRevocationAPI(mux, s.requireAdminToken)
+	s.webhooks.register(mux, s.requireAdminToken)
 	// Profiles for an operator chasing CPU or memory.
 	mux.Handle("GET /debug/pprof/", s.requireAdminToken(http.HandlerFunc(pprof.Index)))
 	mux.Handle("GET /debug/pprof/profile", s.requireAdminToken(http.HandlerFunc(pprof.Profile)))
 	return mux
 }
 
-func (s *serving) listTunnels(w http.ResponseWriter, _ *http.Request) {
+func (s *serving) listTunnels(w http.ResponseWriter, r *http.Request) {
 	sessions := s.members.list()
 	list := make([]Info, 0, len(sessions))
 	for _, m := range sessions {
@@ -58,7 +62,7 @@ func (s *serving) listTunnels(w http.ResponseWriter, _ *http.Request) {
 		info.Replica = s.cfg.ReplicaID
 		list = append(list, info)
 	}
-	writeJSON(w, list)
+	writeJSON(w, s.webhooks.withBuffers(r.Context(), list))
 }
 
 // Fleet is what /api/fleet reports: the registry's view of every replica's

@@ -84,7 +84,7 @@ func (s *serving) newHandler(sess *gate.Session, stock bool) sessionHandler {
 			sess.Logger().Error("build the session's router", zap.Error(err))
 			return nil, err
 		}
-		router, err := proxy.NewRouter(routes, sampled(sess.Logger(), routerLogPeriod), proxy.Options{DialContext: sess.Dial, Reroute: reroutable})
+		router, err := proxy.NewRouter(routes, sampled(sess.Logger(), routerLogPeriod), proxy.Options{DialContext: sess.Dial, Reroute: reroutable, Unreachable: offerUnreachable})
 		if err != nil {
 			sess.Logger().Error("build the session's router", zap.Error(err))
 			return nil, err
