@@ -47,5 +47,6 @@ func (s *serving) Probe(sess *gate.Session, login *msg.Login) gate.ProbeAnswer {
 	} else if len(s.registry.Holders(claims.Tunnel)) > 0 {
 		reply.Connected = true // through another replica
 	}
+	s.webhooks.describe(reply)
 	return gate.ProbeAnswer{Login: msg.LoginResp{Version: frpversion.Full()}, Reply: reply}
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"github.com/tether-dev/tether/proxy"
+	"github.com/tether-dev/tether/tunnel"
 	"github.com/tether-dev/tether/tunnel/server/buffer"
 	"github.com/tether-dev/tether/tunnel/server/registry"
 	"github.com/tether-dev/tether/tunnel/server/webhook"
@@ -221,6 +222,29 @@ func (wh *webhooks) withBuffers(ctx context.Context, list []Info) []Info {
 	}
 	slices.SortStableFunc(list, func(a, b Info) int { return cmp.Compare(a.Name, b.Name) })
 	return list
+}
+
+// probeTimeout bounds the store's work for a login probe's reply.
+const probeTimeout = 2 * time.Second
+
+// describe tells a login probe's reply (tether diagnose) about the
+// tunnel's buffered requests: one store round trip, for a caller that
+// holds the tunnel's token. A store that fails leaves them out.
+func (wh *webhooks) describe(reply *tunnel.ProbeReply) {
+	if wh.fw == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), probeTimeout)
+	defer cancel()
+	sum, err := wh.fw.Summary(ctx, reply.Tunnel)
+	if err != nil {
+		wh.log.Debug("a login probe's reply says nothing of the buffer: its store failed", zap.String("tunnel", reply.Tunnel), zap.Error(err))
+		return
+	}
+	reply.Buffered, reply.BufferRejected = sum.Queued, sum.Rejected
+	if !sum.Oldest.IsZero() {
+		reply.BufferedSince = &sum.Oldest
+	}
 }
 
 // webhookSender carries deliveries through this replica's sessions

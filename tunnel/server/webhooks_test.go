@@ -166,6 +166,10 @@ func TestWebhooksBufferedWhileTunnelDown(t *testing.T) {
 	if got := hooks.requests(); len(got) != 0 {
 		t.Fatalf("the receiver got %v while the tunnel was down", got)
 	}
+	reply, err := newProber(t, s).Login(t.Context(), s.keys.token(t, "acme", time.Hour))
+	if err != nil || reply.Connected || reply.Buffered != 3 || reply.BufferedSince == nil {
+		t.Errorf("login probe while down: %+v %v; want 3 buffered, and since when", reply, err)
+	}
 
 	s.runClientRoutes(t, "acme", s.tunnel, 1, specs...)
 	testutil.WaitFor(t, 10*time.Second, func() error {
