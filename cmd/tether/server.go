@@ -57,8 +57,8 @@ type ServerOptions struct {
 	// What outlives the process, and the tokens' lifecycle.
 	DataDir         string
 	TokenRenewalKey string
-	// The webhook buffer (see "Webhooks while a tunnel is down" in the
-	// README).
+	// The webhook buffer: the requests of routes with the buffer option
+	// stored while their tunnel is down (docs/operations.md).
 	BufferRetention     time.Duration
 	BufferMaxBody       int64
 	BufferMaxRequests   int

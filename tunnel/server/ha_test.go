@@ -40,16 +40,7 @@ func (s *testServer) runClient(t testing.TB, name, server string, connections in
 // runClientRoutes is runClient with the given --route specs.
 func (s *testServer) runClientRoutes(t testing.TB, name, server string, connections int, specs ...string) (stop func()) {
 	t.Helper()
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	writeFile(t, tokenFile, s.keys.token(t, name, time.Hour))
-	var routes []proxy.Route
-	for _, spec := range specs {
-		route, err := proxy.ParseRoute(spec)
-		if err != nil {
-			t.Fatal(err)
-		}
-		routes = append(routes, route)
-	}
+	tokenFile, routes := s.clientFiles(t, name, specs)
 	c, err := client.New(client.Config{
 		Server: server, TokenFile: tokenFile, Routes: routes, Connections: connections,
 		TLSInsecureSkipVerify: true, Proxy: "direct",

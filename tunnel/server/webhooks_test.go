@@ -166,6 +166,9 @@ func TestWebhooksBufferedWhileTunnelDown(t *testing.T) {
 	if got := hooks.requests(); len(got) != 0 {
 		t.Fatalf("the receiver got %v while the tunnel was down", got)
 	}
+	if _, metrics, _ := do(t, mustRequest(t, http.MethodGet, s.admin+"/metrics")); !strings.Contains(metrics, `tether_buffered_requests{state="queued",tunnel="acme"} 3`) {
+		t.Errorf("/metrics does not show the queue:\n%s", grepLines(metrics, "buffer"))
+	}
 	reply, err := newProber(t, s).Login(t.Context(), s.keys.token(t, "acme", time.Hour))
 	if err != nil || reply.Connected || reply.Buffered != 3 || reply.BufferedSince == nil {
 		t.Errorf("login probe while down: %+v %v; want 3 buffered, and since when", reply, err)

@@ -37,9 +37,10 @@
 //	s.metrics.reg.MustRegister(fw.Collector())
 //
 // On each login of a tunnel's session: routes.Remember(name, specs) with
-// the route specs the login advertised (proxy.Route.String of each), then
-// fw.Kick(name). When the last session of the tunnel here ends:
-// routes.Left(name). /api/tunnels and tether status take fw.Summaries(ctx)
+// the route specs the login advertised (proxy.Route.String of each; none
+// for a stock frpc); when the tunnel starts being served here (a route
+// registered), fw.Kick(name). When the last session of the tunnel here
+// ends: routes.Left(name). /api/tunnels and tether status take fw.Summaries(ctx)
 // (one store round trip for all tunnels), and list the tunnels that have a
 // queue but no session too.
 //
