@@ -13,6 +13,7 @@ import (
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/internal/human"
+	"github.com/tether-dev/tether/tunnel"
 	"github.com/tether-dev/tether/tunnel/client"
 )
 
@@ -165,6 +166,7 @@ func (r *run) checkLogin(ctx context.Context) Check {
 	if reply.PublicURL != "" {
 		lines = append(lines, "public URL: "+reply.PublicURL)
 	}
+	lines = append(lines, bufferLines(reply, r.o.Now())...)
 	if !reply.Connected {
 		lines = append(lines, "no client serves this tunnel right now")
 		return warn(strings.Join(lines, "\n"), "the path to the server works, but the tunnel is down: start `tether client` with this configuration (before it starts, in a pre-flight check, this is expected), or read its log and `tether status` where it runs")
@@ -175,6 +177,24 @@ func (r *run) checkLogin(ctx context.Context) Check {
 	}
 	lines = append(lines, fmt.Sprintf("a client serves this tunnel from %s%s", reply.ClientAddress, since))
 	return pass(strings.Join(lines, "\n"))
+}
+
+// bufferLines says what the server holds of the tunnel's buffered
+// webhooks: those waiting for delivery, and those their upstream refused.
+func bufferLines(reply *tunnel.ProbeReply, now time.Time) []string {
+	var lines []string
+	since := ""
+	if reply.BufferedSince != nil {
+		since = fmt.Sprintf(", the oldest stored %s (%s)", reply.BufferedSince.UTC().Format(time.RFC3339), until(*reply.BufferedSince, now))
+	}
+	if reply.Buffered > 0 {
+		lines = append(lines, fmt.Sprintf("%d webhooks stored while the tunnel was down wait for delivery%s; they are delivered in order once a client serves it", reply.Buffered, since))
+		since = ""
+	}
+	if reply.BufferRejected > 0 {
+		lines = append(lines, fmt.Sprintf("%d buffered webhooks were refused by their upstream (a 4xx)%s; the operator lists and requeues them at GET /api/tunnels/%s/buffer", reply.BufferRejected, since, reply.Tunnel))
+	}
+	return lines
 }
 
 // loginHint turns the server's reason code (the text before the first

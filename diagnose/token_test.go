@@ -2,11 +2,13 @@ package diagnose
 
 import (
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/internal/testutil"
+	"github.com/tether-dev/tether/tunnel"
 	"github.com/tether-dev/tether/tunnel/client"
 )
 
@@ -79,4 +81,22 @@ func TestRenewedTokenInUse(t *testing.T) {
 		cfg.TokenFile = srv.keys.tokenFile(t, "acme", now, 30*day)
 		wantCheck(t, diagnoseWith(t, Options{Client: cfg, Resolver: loopbackResolver(t)}), "token", Pass, "holds no renewal yet", "")
 	})
+}
+
+// The login check says how many webhooks the server holds for the tunnel,
+// waiting or refused by their upstream, and since when.
+func TestBufferLines(t *testing.T) {
+	now := time.Date(2025, 3, 1, 12, 0, 0, 0, time.UTC)
+	oldest := now.Add(-90 * time.Minute)
+	if got := bufferLines(&tunnel.ProbeReply{Tunnel: "acme"}, now); len(got) != 0 {
+		t.Errorf("no buffer: %q", got)
+	}
+	got := bufferLines(&tunnel.ProbeReply{Tunnel: "acme", Buffered: 3, BufferRejected: 1, BufferedSince: &oldest}, now)
+	want := []string{
+		"3 webhooks stored while the tunnel was down wait for delivery, the oldest stored 2025-03-01T10:30:00Z (90m ago); they are delivered in order once a client serves it",
+		"1 buffered webhooks were refused by their upstream (a 4xx); the operator lists and requeues them at GET /api/tunnels/acme/buffer",
+	}
+	if strings.Join(got, "\n") != strings.Join(want, "\n") {
+		t.Errorf("lines:\n%s\nwant:\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }

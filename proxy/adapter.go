@@ -23,6 +23,9 @@ type Adapter struct {
 	Timeout time.Duration
 	// InsecureSkipVerify turns off certificate verification for an https Upstream.
 	InsecureSkipVerify bool
+	// Buffer stores requests the component cannot take while it is away
+	// and delivers them later (see Route.Buffer).
+	Buffer bool
 }
 
 // Adapters returns the default adapters, in a fixed order: app-proxy,
@@ -65,6 +68,7 @@ func (a Adapter) Route() Route {
 		Upstream:           u,
 		Timeout:            a.Timeout,
 		InsecureSkipVerify: a.InsecureSkipVerify,
+		Buffer:             a.Buffer,
 		Adapter:            a.Name,
 		HealthPath:         a.HealthPath,
 	}

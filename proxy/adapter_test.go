@@ -10,7 +10,7 @@ func TestAdapters(t *testing.T) {
 		{Name: "app-proxy", Prefix: "/", Upstream: "http://app-proxy:8080", HealthPath: "/healthz", Timeout: 60 * time.Second},
 		{Name: "argo-cd", Prefix: "/argo-cd", Upstream: "http://argocd-server:80", HealthPath: "/argo-cd/healthz"},
 		{Name: "argo-workflows", Prefix: "/workflows", Upstream: "https://argo-server:2746/", HealthPath: "/", InsecureSkipVerify: true},
-		{Name: "argo-events", Prefix: "/webhooks", Upstream: "http://webhook-eventsource-svc:12000/", HealthPath: "/health", Timeout: 30 * time.Second},
+		{Name: "argo-events", Prefix: "/webhooks", Upstream: "http://webhook-eventsource-svc:12000/", HealthPath: "/health", Timeout: 30 * time.Second, Buffer: true},
 		{Name: "argo-rollouts", Prefix: "/rollouts", Upstream: "http://argo-rollouts-dashboard:3100", HealthPath: "/rollouts/", Timeout: 60 * time.Second},
 	}
 	got := Adapters()
@@ -38,7 +38,7 @@ func TestDefaultRoutes(t *testing.T) {
 	for i, a := range Adapters() {
 		rt := routes[i]
 		if rt.Prefix != a.Prefix || rt.Upstream.String() != a.Upstream || rt.Adapter != a.Name ||
-			rt.Timeout != a.Timeout || rt.InsecureSkipVerify != a.InsecureSkipVerify || rt.HealthPath != a.HealthPath {
+			rt.Timeout != a.Timeout || rt.InsecureSkipVerify != a.InsecureSkipVerify || rt.HealthPath != a.HealthPath || rt.Buffer != a.Buffer {
 			t.Errorf("DefaultRoutes()[%d] = %s (%s), want adapter %+v", i, rt, rt.Adapter, a)
 		}
 		// A --route with the same prefix and URL is the same route.

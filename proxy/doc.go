@@ -21,7 +21,7 @@
 // The client picks its routes and advertises them:
 //
 //	routes := proxy.DefaultRoutes()
-//	if len(flags.Routes) > 0 { // --route PREFIX=URL[;timeout=D][;insecure-skip-verify]
+//	if len(flags.Routes) > 0 { // --route PREFIX=URL[;timeout=D][;insecure-skip-verify][;buffer]
 //		routes = routes[:0]
 //		for _, spec := range flags.Routes {
 //			r, err := proxy.ParseRoute(spec)
@@ -110,6 +110,16 @@
 // byte of the response is sent once more on a new connection: the upstream
 // may have closed the idle connection as the request went out. Nothing else
 // is repeated.
+//
+// # Buffered routes
+//
+// A route with the buffer option (Route.Buffer; the /webhooks adapter has
+// it) asks the tunnel server to keep the POST, PUT and PATCH requests that
+// cannot reach it, because the tunnel is down or its upstream refused the
+// connection, answer them 202 Accepted once stored, and deliver them in
+// order when the upstream is back. The router itself treats such a route
+// like any other: the server decides, from the specs a tunnel advertised
+// at its last login, with Buffered.
 //
 // # What it does not do
 //

@@ -157,6 +157,17 @@ func (rt *route) handleError(w http.ResponseWriter, req *http.Request, err error
 	WriteError(w, f.status, f.code, f.msg)
 }
 
+// tookUnreachable hands in, a request whose upstream could not be
+// connected to (err), to Options.Unreachable, and reports whether that
+// answered it. A request that carried a body never reaches a second dial
+// (exchange.retryable), so none of it was sent.
+func (rt *route) tookUnreachable(w http.ResponseWriter, in *http.Request, err error) bool {
+	if rt.unreachable == nil || in.Context().Err() != nil || rt.classify(err).code != CodeUpstreamUnreachable {
+		return false
+	}
+	return rt.unreachable(w, in)
+}
+
 // WriteError answers with tether's own short plain-text error: msg (which
 // starts with "tether: ") and the machine-readable X-Tether-Error code, so a
 // person and a script can both tell tether's answer from an upstream's.

@@ -8,8 +8,13 @@ import "time"
 // /push. Webhook event sources answer GET /health on every port they listen
 // on (Argo Events "webhook health check"), which is the health path.
 //
-// Git providers wait about 10-30s for a webhook response and retry on their
-// own, so a 30s header timeout answers 504 rather than holding a delivery.
+// Git providers wait about 10-30s for a webhook response, so a 30s header
+// timeout answers 504 rather than holding a delivery.
+//
+// Buffered: GitHub does not retry a failed delivery, and GitLab disables a
+// webhook after a few failures in a row, so a webhook that arrives while
+// the tunnel is down is stored by the server and delivered when it is back
+// rather than lost (Route.Buffer).
 func argoEvents() Adapter {
 	return Adapter{
 		Name:       "argo-events",
@@ -17,5 +22,6 @@ func argoEvents() Adapter {
 		Upstream:   "http://webhook-eventsource-svc:12000/",
 		HealthPath: "/health",
 		Timeout:    30 * time.Second,
+		Buffer:     true,
 	}
 }

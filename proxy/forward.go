@@ -49,7 +49,9 @@ func (rt *route) forward(w http.ResponseWriter, in *http.Request, elsewhere bool
 			rt.log.Debug("request not delivered", zap.Error(err))
 			return false
 		}
-		rt.handleError(w, out, err)
+		if !rt.tookUnreachable(w, in, err) {
+			rt.handleError(w, out, err)
+		}
 		return true
 	}
 	if rt.metrics != nil {

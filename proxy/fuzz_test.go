@@ -17,6 +17,9 @@ func FuzzParseRoute(f *testing.F) {
 		"/x=ftp://h",
 		"=",
 		"/x=http://h;;",
+		"/webhooks=http://es:12000/;buffer=false",
+		"/workflows=https://argo-server:2746/;insecure-skip-verify=0",
+		"/hooks=http://h;buffer",
 	} {
 		f.Add(s)
 	}
@@ -34,7 +37,8 @@ func FuzzParseRoute(f *testing.F) {
 		if err != nil {
 			t.Fatalf("ParseRoute(%q) = %s, which does not parse again: %v", spec, r, err)
 		}
-		if again.String() != r.String() || again.Adapter != r.Adapter || again.HealthPath != r.HealthPath {
+		if again.String() != r.String() || again.Adapter != r.Adapter || again.HealthPath != r.HealthPath ||
+			again.Timeout != r.Timeout || again.InsecureSkipVerify != r.InsecureSkipVerify || again.Buffer != r.Buffer {
 			t.Fatalf("ParseRoute(%q) = %s, which parses again as %s", spec, r, again)
 		}
 	})

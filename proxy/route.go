@@ -61,18 +61,29 @@ type Route struct {
 	// health check with a 2xx status; empty means the upstream has none.
 	// The router does not use it; diagnostics call HealthURL.
 	HealthPath string
+
+	// Buffer asks the tunnel server to store POST, PUT and PATCH requests
+	// for this route that cannot reach its upstream (the tunnel is down, or
+	// the upstream refused the connection), answer them 202 Accepted, and
+	// deliver them in order when the upstream is back. Git providers do
+	// not retry a failed webhook, and some disable a hook that keeps
+	// failing, so an outage would otherwise lose events. The router does
+	// not use it; the server reads it from the advertised routes
+	// (Buffered).
+	Buffer bool
 }
 
 // ParseRoute parses the value of the --route flag:
 //
-//	PREFIX=URL[;timeout=DURATION][;insecure-skip-verify[=BOOL]]
+//	PREFIX=URL[;timeout=DURATION][;insecure-skip-verify[=BOOL]][;buffer[=BOOL]]
 //
-// for example "/argo-cd=http://argo-cd-server:80" or
-// "/workflows=https://argo-server:2746/;insecure-skip-verify;timeout=0".
+// for example "/argo-cd=http://argo-cd-server:80",
+// "/workflows=https://argo-server:2746/;insecure-skip-verify;timeout=0" or
+// "/hooks=http://receiver:8080;buffer".
 // A route whose prefix is a default adapter's prefix (see Adapters) takes
-// that adapter's name, health path, timeout and TLS setting, unless the spec
-// sets them; any other route is AdapterCustom with no timeout and no health
-// path. Errors name the spec and say what is expected.
+// that adapter's name, health path, timeout, TLS and buffer settings, unless
+// the spec sets them; any other route is AdapterCustom with no timeout, no
+// health path and no buffer. Errors name the spec and say what is expected.
 func ParseRoute(spec string) (Route, error) {
 	r, err := parseRoute(spec)
 	if err != nil {
@@ -84,7 +95,7 @@ func ParseRoute(spec string) (Route, error) {
 func parseRoute(spec string) (Route, error) {
 	prefix, rest, ok := strings.Cut(spec, "=")
 	if !ok {
-		return Route{}, errors.New("missing \"=\"; want PREFIX=URL[;timeout=DURATION][;insecure-skip-verify]")
+		return Route{}, errors.New("missing \"=\"; want PREFIX=URL[;timeout=DURATION][;insecure-skip-verify][;buffer]")
 	}
 	prefix, err := cleanPrefix(prefix)
 	if err != nil {
@@ -102,6 +113,7 @@ func parseRoute(spec string) (Route, error) {
 		r.HealthPath = a.HealthPath
 		r.Timeout = a.Timeout
 		r.InsecureSkipVerify = a.InsecureSkipVerify
+		r.Buffer = a.Buffer
 	}
 
 	for _, opt := range parts[1:] {
@@ -114,28 +126,49 @@ func parseRoute(spec string) (Route, error) {
 			}
 			r.Timeout = d
 		case "insecure-skip-verify":
-			r.InsecureSkipVerify = true
-			if hasValue {
-				b, err := strconv.ParseBool(strings.TrimSpace(value))
-				if err != nil {
-					return Route{}, fmt.Errorf("insecure-skip-verify=%q is not a boolean; want true or false", value)
-				}
-				r.InsecureSkipVerify = b
+			if r.InsecureSkipVerify, err = flagOption("insecure-skip-verify", value, hasValue); err != nil {
+				return Route{}, err
+			}
+		case "buffer":
+			if r.Buffer, err = flagOption("buffer", value, hasValue); err != nil {
+				return Route{}, err
 			}
 		case "":
 			if opt != "" {
-				return Route{}, fmt.Errorf("option %q has no name; want timeout=DURATION or insecure-skip-verify", opt)
+				return Route{}, fmt.Errorf("option %q has no name; want %s", opt, routeOptions)
 			}
 			// Tolerate an empty option, as in a trailing ";".
 		default:
-			return Route{}, fmt.Errorf("unknown option %q; want timeout=DURATION or insecure-skip-verify", opt)
+			return Route{}, fmt.Errorf("unknown option %q; want %s", opt, routeOptions)
 		}
 	}
 	return r, nil
 }
 
+// routeOptions is what ParseRoute's errors say the options may be.
+const routeOptions = "timeout=DURATION, insecure-skip-verify or buffer"
+
+// flagOption reads the value of a boolean option: true when it has none.
+func flagOption(name, value string, hasValue bool) (bool, error) {
+	if !hasValue {
+		return true, nil
+	}
+	b, err := strconv.ParseBool(strings.TrimSpace(value))
+	if err != nil {
+		return false, fmt.Errorf("%s=%q is not a boolean; want true or false", name, value)
+	}
+	return b, nil
+}
+
 // String formats r as a --route value that ParseRoute reads back into the
 // same route (the health path and adapter come back from the prefix).
+//
+// The timeout is always written, insecure-skip-verify whenever it is on,
+// and both it and buffer when they differ from what ParseRoute takes from
+// the prefix's adapter. So the default /webhooks route, whose adapter
+// buffers, is advertised without the buffer option, in a form servers that
+// predate the option accept; a server that knows it takes it from the
+// prefix.
 func (r Route) String() string {
 	var b strings.Builder
 	b.WriteString(r.Prefix)
@@ -146,10 +179,45 @@ func (r Route) String() string {
 	}
 	b.WriteString(";timeout=")
 	b.WriteString(r.Timeout.String())
-	if r.InsecureSkipVerify {
+	a, _ := adapterByPrefix(r.Prefix)
+	switch {
+	case r.InsecureSkipVerify:
 		b.WriteString(";insecure-skip-verify")
+	case a.InsecureSkipVerify:
+		b.WriteString(";insecure-skip-verify=false")
+	}
+	switch {
+	case r.Buffer && !a.Buffer:
+		b.WriteString(";buffer")
+	case !r.Buffer && a.Buffer:
+		b.WriteString(";buffer=false")
 	}
 	return b.String()
+}
+
+// Buffered reports whether the route that the route specs of a tunnel (as
+// its client advertised them, see Route.String) give the request target u
+// has the buffer option: the route with the longest prefix that matches, as
+// a Router picks it. It is false when no route matches, when u is a target
+// the router refuses (a dot segment, not an absolute path), and when any
+// spec does not parse: the server refuses such routes at login, so they
+// never served.
+func Buffered(specs []string, u *url.URL) bool {
+	rp, err := splitPath(u)
+	if err != nil {
+		return false
+	}
+	var best *Route
+	for _, spec := range specs {
+		r, err := ParseRoute(spec)
+		if err != nil {
+			return false
+		}
+		if hasSegmentPrefix(rp.match, r.Prefix) && (best == nil || len(r.Prefix) > len(best.Prefix)) {
+			best = &r
+		}
+	}
+	return best != nil && best.Buffer
 }
 
 // DialAddr is the address the route's upstream is dialled at, HOST:PORT,

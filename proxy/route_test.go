@@ -32,10 +32,25 @@ func TestParseRoute(t *testing.T) {
 			},
 		},
 		{
+			// The webhooks adapter buffers.
 			spec: "/webhooks=http://es:13000/",
 			want: Route{
 				Prefix: "/webhooks", Upstream: &url.URL{Scheme: "http", Host: "es:13000", Path: "/"},
+				Adapter: "argo-events", HealthPath: "/health", Timeout: 30 * time.Second, Buffer: true,
+			},
+		},
+		{
+			spec: "/webhooks=http://es:13000/;buffer=false",
+			want: Route{
+				Prefix: "/webhooks", Upstream: &url.URL{Scheme: "http", Host: "es:13000", Path: "/"},
 				Adapter: "argo-events", HealthPath: "/health", Timeout: 30 * time.Second,
+			},
+		},
+		{
+			spec: "/hooks/gitlab=http://receiver:8080;buffer",
+			want: Route{
+				Prefix: "/hooks/gitlab", Upstream: &url.URL{Scheme: "http", Host: "receiver:8080"},
+				Adapter: AdapterCustom, Buffer: true,
 			},
 		},
 		{
@@ -60,9 +75,11 @@ func TestParseRoute(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ParseRoute(%q): %v", tc.spec, err)
 			}
-			if got.String() != tc.want.String() || got.Adapter != tc.want.Adapter || got.HealthPath != tc.want.HealthPath {
-				t.Errorf("ParseRoute(%q)\n got %s adapter %q health %q\nwant %s adapter %q health %q",
-					tc.spec, got, got.Adapter, got.HealthPath, tc.want, tc.want.Adapter, tc.want.HealthPath)
+			if got.String() != tc.want.String() || got.Adapter != tc.want.Adapter || got.HealthPath != tc.want.HealthPath ||
+				got.InsecureSkipVerify != tc.want.InsecureSkipVerify || got.Buffer != tc.want.Buffer {
+				t.Errorf("ParseRoute(%q)\n got %s adapter %q health %q insecure %v buffer %v\nwant %s adapter %q health %q insecure %v buffer %v",
+					tc.spec, got, got.Adapter, got.HealthPath, got.InsecureSkipVerify, got.Buffer,
+					tc.want, tc.want.Adapter, tc.want.HealthPath, tc.want.InsecureSkipVerify, tc.want.Buffer)
 			}
 		})
 	}
@@ -74,7 +91,7 @@ func TestParseRouteErrors(t *testing.T) {
 		want string // the whole error
 	}{
 		{"/x=ftp://h", `route "/x=ftp://h": upstream scheme "ftp" not supported; want http or https`},
-		{"/x", `route "/x": missing "="; want PREFIX=URL[;timeout=DURATION][;insecure-skip-verify]`},
+		{"/x", `route "/x": missing "="; want PREFIX=URL[;timeout=DURATION][;insecure-skip-verify][;buffer]`},
 		{"x=http://h", `route "x=http://h": prefix "x" must start with "/"`},
 		{"/a//b=http://h", `route "/a//b=http://h": prefix "/a//b" has an empty segment; want e.g. /argo-cd`},
 		{"/a/../b=http://h", `route "/a/../b=http://h": prefix "/a/../b" has a ".." segment; want e.g. /argo-cd`},
@@ -91,7 +108,9 @@ func TestParseRouteErrors(t *testing.T) {
 		{"/x=http://h;timeout=soon", `route "/x=http://h;timeout=soon": timeout "soon" is not a duration; want e.g. 30s, or 0 for none`},
 		{"/x=http://h;timeout=-1s", `route "/x=http://h;timeout=-1s": timeout "-1s" is not a duration; want e.g. 30s, or 0 for none`},
 		{"/x=http://h;insecure-skip-verify=maybe", `route "/x=http://h;insecure-skip-verify=maybe": insecure-skip-verify="maybe" is not a boolean; want true or false`},
-		{"/x=http://h;retries=3", `route "/x=http://h;retries=3": unknown option "retries=3"; want timeout=DURATION or insecure-skip-verify`},
+		{"/x=http://h;retries=3", `route "/x=http://h;retries=3": unknown option "retries=3"; want timeout=DURATION, insecure-skip-verify or buffer`},
+		{"/x=http://h;buffer=later", `route "/x=http://h;buffer=later": buffer="later" is not a boolean; want true or false`},
+		{"/x=http://h;=1", `route "/x=http://h;=1": option "=1" has no name; want timeout=DURATION, insecure-skip-verify or buffer`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.spec, func(t *testing.T) {
@@ -106,18 +125,83 @@ func TestParseRouteErrors(t *testing.T) {
 	}
 }
 
+// TestRouteStringRoundTrip: String writes what ParseRoute reads back into
+// the same route, settings that differ from the prefix's adapter included.
 func TestRouteStringRoundTrip(t *testing.T) {
-	for _, r := range append(DefaultRoutes(), Route{
-		Prefix: "/c", Upstream: mustURL(t, "https://h:1/a%2Fb/"), Timeout: time.Millisecond, Adapter: AdapterCustom,
-	}) {
+	routes := append(DefaultRoutes(),
+		Route{Prefix: "/c", Upstream: mustURL(t, "https://h:1/a%2Fb/"), Timeout: time.Millisecond, Adapter: AdapterCustom},
+		Route{Prefix: "/hooks", Upstream: mustURL(t, "http://h:1"), Adapter: AdapterCustom, Buffer: true},
+	)
+	workflows, err := ParseRoute("/workflows=https://argo-server:2746/;insecure-skip-verify=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	webhooks, err := ParseRoute("/webhooks=http://es:12000/;buffer=false")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range append(routes, workflows, webhooks) {
 		got, err := ParseRoute(r.String())
 		if err != nil {
 			t.Fatalf("ParseRoute(%q): %v", r.String(), err)
 		}
-		if got.String() != r.String() || got.Adapter != r.Adapter || got.HealthPath != r.HealthPath {
-			t.Errorf("ParseRoute(%q) = %s (%s, %q), want %s (%s, %q)",
-				r.String(), got, got.Adapter, got.HealthPath, r, r.Adapter, r.HealthPath)
+		if got.String() != r.String() || got.Adapter != r.Adapter || got.HealthPath != r.HealthPath ||
+			got.InsecureSkipVerify != r.InsecureSkipVerify || got.Buffer != r.Buffer || got.Timeout != r.Timeout {
+			t.Errorf("ParseRoute(%q) = %s (%s, %q, insecure %v, buffer %v), want %s (%s, %q, insecure %v, buffer %v)",
+				r.String(), got, got.Adapter, got.HealthPath, got.InsecureSkipVerify, got.Buffer,
+				r, r.Adapter, r.HealthPath, r.InsecureSkipVerify, r.Buffer)
 		}
+	}
+}
+
+// TestDefaultWebhooksRouteSpec: the default /webhooks route buffers, and is
+// advertised in the form servers that predate the buffer option accept.
+func TestDefaultWebhooksRouteSpec(t *testing.T) {
+	for _, r := range DefaultRoutes() {
+		if r.Buffer != (r.Prefix == "/webhooks") {
+			t.Errorf("default route %s: buffer %v, want it on /webhooks only", r.Prefix, r.Buffer)
+		}
+		if strings.Contains(r.String(), "buffer") {
+			t.Errorf("default route %s is advertised as %q; want no buffer option", r.Prefix, r)
+		}
+	}
+}
+
+func TestBuffered(t *testing.T) {
+	specs := []string{
+		"/=http://app-proxy:8080",
+		"/webhooks=http://es:12000/",
+		"/webhooks/ci=http://ci:80;buffer=false",
+		"/hooks=http://receiver:8080;buffer",
+	}
+	tests := []struct {
+		target string
+		want   bool
+	}{
+		{"/webhooks", true},
+		{"/webhooks/github?x=1", true},
+		{"/webhooks/ci/push", false}, // the longer prefix wins
+		{"/webhooks/cix", true},      // segment boundaries
+		{"/hooks/a%2Fb", true},
+		{"/webhooksx", false},
+		{"/", false},
+		{"/webhooks/../x", false}, // the router refuses it
+		{"/hooks%2Fx", false},     // an escaped slash ends no prefix
+	}
+	for _, tc := range tests {
+		u, err := url.ParseRequestURI(tc.target)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := Buffered(specs, u); got != tc.want {
+			t.Errorf("Buffered(%q) = %v, want %v", tc.target, got, tc.want)
+		}
+	}
+	if Buffered(append(specs, "/bad=ftp://x"), mustURL(t, "/webhooks")) {
+		t.Error("Buffered with a spec that does not parse: got true, want false")
+	}
+	if Buffered(nil, mustURL(t, "/webhooks")) {
+		t.Error("Buffered without routes: got true, want false")
 	}
 }
 

@@ -32,6 +32,15 @@ type Options struct {
 	// a smaller buffer while its response streams.
 	DialContext DialFunc
 
+	// Unreachable, if set, is asked about a request whose upstream could
+	// not be connected to, before the router answers it 502
+	// upstream_unreachable: none of the request was sent, and req, the
+	// caller's request, has its body unread by the router. When it
+	// returns true it has answered req itself, and the router writes
+	// nothing more. The tunnel server uses it to store a request of a
+	// buffered route for delivery once the upstream is back.
+	Unreachable func(w http.ResponseWriter, req *http.Request) bool
+
 	// Metrics, if set, receives the router's collectors:
 	// tether_proxy_requests_total{route,adapter,class} and
 	// tether_proxy_upstream_latency_seconds{route,adapter}.
@@ -59,6 +68,7 @@ type route struct {
 	transport   *transport // shared by the routes of one upstream
 	log         *zap.Logger
 	metrics     *routeMetrics // nil without metrics
+	unreachable func(http.ResponseWriter, *http.Request) bool
 }
 
 // ValidateRoutes checks routes as NewRouter does (at least one, prefixes
@@ -113,6 +123,7 @@ func NewRouter(routes []Route, log *zap.Logger, opts Options) (*Router, error) {
 			strip:       g.Upstream.Path != "",
 			dialTimeout: dialTimeout,
 			transport:   t,
+			unreachable: opts.Unreachable,
 		}
 		rt.log = log.With(
 			zap.String("route", g.Prefix),

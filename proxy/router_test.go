@@ -3,9 +3,11 @@ package proxy
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -327,3 +329,54 @@ func TestRouterDeliver(t *testing.T) {
 }
 
 type rerouteKey struct{}
+
+// Options.Unreachable takes a request whose upstream could not be
+// connected to, its body unread; when it answers, the router writes
+// nothing more, and when it declines, the router answers 502
+// upstream_unreachable. A tunnel session's failure (not delivered) and an
+// upstream's own answer never reach it.
+func TestRouterUnreachable(t *testing.T) {
+	errSession := fmt.Errorf("%w: the session could not carry the dial", ErrNotDelivered)
+	var bodies []string
+	r, err := NewRouter([]Route{{Prefix: "/", Upstream: mustURL(t, "http://upstream.test:80")}}, zaptest.NewLogger(t), Options{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if ctx.Value(rerouteKey{}) == "session" {
+				return nil, errSession
+			}
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+		},
+		Unreachable: func(w http.ResponseWriter, req *http.Request) bool {
+			b, _ := io.ReadAll(req.Body)
+			bodies = append(bodies, string(b))
+			if string(b) == "decline" {
+				return false
+			}
+			w.WriteHeader(http.StatusAccepted)
+			return true
+		},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	for _, tc := range []struct {
+		cause, body string
+		wantStatus  int
+		wantCode    string
+	}{
+		{"upstream", "take", http.StatusAccepted, ""},
+		{"upstream", "decline", http.StatusBadGateway, CodeUpstreamUnreachable},
+		{"session", "not delivered", 0, ""},
+	} {
+		rec := httptest.NewRecorder()
+		sw := NewStatusWriter(rec)
+		req := httptest.NewRequestWithContext(context.WithValue(t.Context(), rerouteKey{}, tc.cause), http.MethodPost, "/x", strings.NewReader(tc.body))
+		r.Deliver(sw, req)
+		if sw.Status() != tc.wantStatus || rec.Header().Get(ErrorHeader) != tc.wantCode {
+			t.Errorf("%s %s: status %d %q, want %d %q", tc.cause, tc.body, sw.Status(), rec.Header().Get(ErrorHeader), tc.wantStatus, tc.wantCode)
+		}
+	}
+	if want := []string{"take", "decline"}; !slices.Equal(bodies, want) {
+		t.Errorf("Unreachable read bodies %q, want %q whole", bodies, want)
+	}
+}

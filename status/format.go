@@ -34,7 +34,9 @@ type Printer struct {
 // Tunnels prints a server's tunnels, a row per session. An empty list
 // prints "No tunnels connected." (in JSON, []). Wide adds, besides the
 // sessions' transport, route, token expiry and requests, each session's ID
-// (its first 8 characters) and replica.
+// (its first 8 characters) and replica. The tunnels with buffered requests
+// (webhooks stored while they were down) follow in a table of their own,
+// those with no session here included.
 func (p Printer) Tunnels(list []server.Info) error {
 	if p.Format == JSON {
 		if list == nil {
@@ -42,6 +44,16 @@ func (p Printer) Tunnels(list []server.Info) error {
 		}
 		return writeJSON(p.Out, list)
 	}
+	// A row with a buffer and no session is a tunnel's buffer alone.
+	sessions := slices.DeleteFunc(slices.Clone(list), func(t server.Info) bool { return t.Session == "" && t.Buffer != nil })
+	if err := p.sessionRows(sessions); err != nil {
+		return err
+	}
+	return p.buffered(list)
+}
+
+// sessionRows prints the table of a server's sessions.
+func (p Printer) sessionRows(list []server.Info) error {
 	if len(list) == 0 {
 		_, err := fmt.Fprintln(p.Out, "No tunnels connected.")
 		return err
@@ -61,6 +73,36 @@ func (p Printer) Tunnels(list []server.Info) error {
 				field(shortID(t.Session)), field(t.Replica))
 		}
 		fmt.Fprintln(tw)
+	}
+	return tw.Flush()
+}
+
+// buffered prints, after a blank line, a row for each tunnel of list with
+// buffered requests: how many wait for delivery, how many their upstream
+// rejected, their bytes and the age of the oldest. Nothing when none has.
+func (p Printer) buffered(list []server.Info) error {
+	seen := map[string]bool{}
+	var rows []server.Info
+	for _, t := range list {
+		if t.Buffer != nil && !seen[t.Name] {
+			seen[t.Name] = true
+			rows = append(rows, t)
+		}
+	}
+	if len(rows) == 0 {
+		return nil
+	}
+	now := p.Now()
+	tw := newTabWriter(p.Out)
+	fmt.Fprintln(tw)
+	fmt.Fprintln(tw, "BUFFERED\tQUEUED\tREJECTED\tBYTES\tOLDEST")
+	for _, t := range rows {
+		b := t.Buffer
+		oldest := none
+		if !b.Oldest.IsZero() {
+			oldest = human.Age(now.Sub(b.Oldest))
+		}
+		fmt.Fprintf(tw, "%s\t%d\t%d\t%s\t%s\n", field(t.Name), b.Queued, b.Rejected, human.Bytes(uint64(max(b.Bytes, 0))), oldest)
 	}
 	return tw.Flush()
 }

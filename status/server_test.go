@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/tether-dev/tether/internal/testutil"
 	"github.com/tether-dev/tether/tunnel/server"
+	"github.com/tether-dev/tether/tunnel/server/webhook"
 )
 
 // now is the clock of the printing tests.
@@ -134,6 +136,38 @@ globex      globex-inc   staging   198.51.100.4:40112   3h12m       tether 1.2.0
 `
 	if out != want {
 		t.Errorf("table:\n%s\nwant:\n%s", out, want)
+	}
+}
+
+// Tunnels with buffered webhooks follow the sessions in a table of their
+// own, one with no session here included; in JSON they are as the server
+// sent them.
+func TestTunnelsBuffered(t *testing.T) {
+	list := append(slices.Clone(tunnels),
+		server.Info{Name: "acme-prod", Buffer: &webhook.Summary{Queued: 3, Bytes: 3 << 10, Oldest: now.Add(-5 * time.Minute)}},
+		server.Info{Name: "initech", Buffer: &webhook.Summary{Queued: 1, Rejected: 2, Bytes: 700, Oldest: now.Add(-2 * time.Hour)}})
+	list[0].Buffer = &webhook.Summary{Rejected: 1, Bytes: 10, Oldest: now.Add(-time.Minute)}
+	out, err := showTunnels(t, adminAPI(t, "", list, nil), "", Table)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `NAME        ACCOUNT      RUNTIME   CLIENT               CONNECTED   VERSION        IN       OUT
+acme-dev    <none>       <none>    203.0.113.8:40000    45s         frp 0.71.0     0B       0B
+acme-prod   acme         prod      203.0.113.7:51234    2d2h        tether 1.3.0   3.2GiB   512B
+acme-prod   acme         prod      203.0.113.7:51299    2m          tether 1.3.0   2.0KiB   1.0KiB
+globex      globex-inc   staging   198.51.100.4:40112   3h12m       tether 1.2.0   1.5KiB   5.0MiB
+
+BUFFERED    QUEUED   REJECTED   BYTES    OLDEST
+acme-prod   3        0          3.0KiB   5m
+globex      0        1          10B      60s
+initech     1        2          700B     120m
+`
+	if out != want {
+		t.Errorf("table:\n%s\nwant:\n%s", out, want)
+	}
+	out, err = showTunnels(t, adminAPI(t, "", list[len(list)-1:], nil), "", Table)
+	if want := "No tunnels connected.\n\nBUFFERED   QUEUED   REJECTED   BYTES   OLDEST\ninitech    1        2          700B    120m\n"; err != nil || out != want {
+		t.Errorf("only a buffer: %v\n%s\nwant:\n%s", err, out, want)
 	}
 }
 

@@ -54,6 +54,13 @@ type ProbeReply struct {
 	Connected      bool       `json:"connected"`
 	ClientAddress  string     `json:"client_address,omitempty"`
 	ConnectedSince *time.Time `json:"connected_since,omitempty"`
+	// Buffered counts the webhooks stored for the tunnel while it was down
+	// that wait for delivery, BufferRejected those its upstream refused
+	// (a 4xx), which wait for a person; BufferedSince is when the oldest
+	// of either was stored. Absent when none is, or buffering is off.
+	Buffered       int        `json:"buffered,omitempty"`
+	BufferRejected int        `json:"buffer_rejected,omitempty"`
+	BufferedSince  *time.Time `json:"buffered_since,omitempty"`
 }
 
 // Fingerprint formats the SHA-256 of a DER certificate as colon-separated

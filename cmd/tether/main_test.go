@@ -98,6 +98,45 @@ func TestServerFairShareFlags(t *testing.T) {
 	}
 }
 
+// The webhook buffer's flags default to their packages' defaults and come
+// from the file, the environment and the command line; a bad one is
+// refused naming it.
+func TestServerBufferFlags(t *testing.T) {
+	var got *ServerOptions
+	run := runners{server: func(o *ServerOptions) error { got = o; return nil }}
+	if code, _, stderr := runTether(t, nil, run, "server"); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if got.BufferRetention != 72*time.Hour || got.BufferMaxBody != 10<<20 || got.BufferMaxRequests != 1000 ||
+		got.BufferMaxBytes != 64<<20 || got.BufferMaxTotalBytes != 1<<30 {
+		t.Errorf("defaults: %v %d %d %d %d; want 72h, 10 MiB, 1000, 64 MiB, 1 GiB",
+			got.BufferRetention, got.BufferMaxBody, got.BufferMaxRequests, got.BufferMaxBytes, got.BufferMaxTotalBytes)
+	}
+	cfg := writeFile(t, "server.yaml", "buffer-retention: 1h\nbuffer-max-requests: 5\n")
+	env := map[string]string{"TETHER_BUFFER_MAX_BODY": "1024", "TETHER_BUFFER_MAX_TOTAL_BYTES": "4096"}
+	if code, _, stderr := runTether(t, env, run, "server", "--config", cfg, "--buffer-max-bytes", "2048"); code != exitOK {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if got.BufferRetention != time.Hour || got.BufferMaxRequests != 5 || got.BufferMaxBody != 1024 ||
+		got.BufferMaxTotalBytes != 4096 || got.BufferMaxBytes != 2048 {
+		t.Errorf("got %v %d %d %d %d; want 1h, 5 (file), 1024, 4096 (env), 2048 (flag)",
+			got.BufferRetention, got.BufferMaxRequests, got.BufferMaxBody, got.BufferMaxTotalBytes, got.BufferMaxBytes)
+	}
+
+	dir := t.TempDir()
+	priv, pub := filepath.Join(dir, "key.pem"), filepath.Join(dir, "key.pub.pem")
+	if err := auth.GenerateKeyPair(auth.EdDSA, priv, pub); err != nil {
+		t.Fatal(err)
+	}
+	code, _, stderr := runTether(t, nil, runners{},
+		"server", "--domain", "tunnels.example.com", "--jwt-public-key", pub, "--tunnel-addr", "127.0.0.1:0",
+		"--http-addr", "127.0.0.1:0", "--admin-addr", "127.0.0.1:0", "--data-dir", dir,
+		"--buffer-max-body", "2048", "--buffer-max-bytes", "1024")
+	if code != exitUsage || !strings.Contains(stderr, "--buffer-max-body 2048 is above --buffer-max-bytes 1024") {
+		t.Errorf("exit %d, stderr %q; want exit %d naming --buffer-max-body", code, stderr, exitUsage)
+	}
+}
+
 func TestClientRoutesFromFileAndEnv(t *testing.T) {
 	cfg := writeFile(t, "client.yaml", "server: tunnels.example.com:7000\nroute:\n  - /=http://a:80\n  - /x=http://b:80/;timeout=0\n")
 	var got *ClientOptions

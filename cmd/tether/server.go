@@ -12,6 +12,9 @@ import (
 
 	"github.com/tether-dev/tether/auth"
 	"github.com/tether-dev/tether/tunnel/server"
+	"github.com/tether-dev/tether/tunnel/server/buffer"
+	"github.com/tether-dev/tether/tunnel/server/registry"
+	"github.com/tether-dev/tether/tunnel/server/webhook"
 )
 
 // ServerOptions are the flags of `tether server`.
@@ -57,6 +60,13 @@ type ServerOptions struct {
 	// One JSON line per public request (see "Access log" in
 	// docs/operations.md).
 	AccessLog bool
+	// The webhook buffer: the requests of routes with the buffer option
+	// stored while their tunnel is down (docs/operations.md).
+	BufferRetention     time.Duration
+	BufferMaxBody       int64
+	BufferMaxRequests   int
+	BufferMaxBytes      int64
+	BufferMaxTotalBytes int64
 }
 
 // NewCmdServer builds `tether server`. runF replaces running the server
@@ -101,7 +111,15 @@ The public entry shares fairly too: --max-http-connections-per-ip from one
 address, and at either cap the connection idle longest makes room; one caller
 holds at most --max-requests-per-caller of a tunnel's requests in flight, and
 websockets and event streams at most half of them; a request body that sends
-nothing for --body-idle-timeout is answered 408.`,
+nothing for --body-idle-timeout is answered 408.
+
+With --data-dir (one replica) or a Redis --registry (several), a POST, PUT or
+PATCH to a route its client advertised with the buffer option (the default
+/webhooks route has it) that cannot reach the tunnel (no session, or its
+upstream refused the connection) is stored and answered 202 Accepted with
+X-Tether-Buffered, then delivered in order once the tunnel is back, for
+--buffer-retention after the tunnel was last seen. Without either, buffering
+is off and such requests are answered as any other.`,
 		Example: `  tether server --domain tunnels.example.com --jwt-public-key /etc/tether/jwt.pub.pem \
     --tls-cert /etc/tether/tls.crt --tls-key /etc/tether/tls.key
 
@@ -150,8 +168,13 @@ nothing for --body-idle-timeout is answered 408.`,
 	fl.StringVar(&opts.PeerTLSCert, "peer-tls-cert", "", "this replica's peer certificate (PEM, for server and client authentication), instead of one made from --peer-secret-file, e.g. from cert-manager; re-read when it changes")
 	fl.StringVar(&opts.PeerTLSKey, "peer-tls-key", "", "the private key of --peer-tls-cert (PEM)")
 	fl.StringVar(&opts.PeerTLSCA, "peer-tls-ca", "", "the CA (PEM) that signs every replica's --peer-tls-cert, and nothing else: the peer port admits a replica whose certificate chains to it")
-	fl.StringVar(&opts.DataDir, "data-dir", "", "directory (on a persistent volume) where a single replica keeps what must outlive a restart: the revocations, in DIR/tether.db; with a Redis --registry the replicas keep it in Redis (leave this out); without either it is kept in memory")
+	fl.StringVar(&opts.DataDir, "data-dir", "", "directory (on a persistent volume) where a single replica keeps what must outlive a restart: the revocations and the buffered webhooks, in DIR/tether.db; with a Redis --registry the replicas keep it in Redis (leave this out); without either it is kept in memory")
 	fl.StringVar(&opts.TokenRenewalKey, "token-renewal-key", "", "private key (PEM: Ed25519, ES256 or RS256) to renew tether clients' tokens with, a third of their lifetime before they expire, so that tunnels outlive their first token; its public key must be in --jwt-public-key")
+	fl.DurationVar(&opts.BufferRetention, "buffer-retention", registry.DefaultRetention, "how long a buffered webhook is kept for delivery, and how long after a tunnel was last seen its buffered routes still buffer")
+	fl.Int64Var(&opts.BufferMaxBody, "buffer-max-body", webhook.DefaultMaxBody, "largest body of a request that is buffered, in bytes; a larger one is answered as unbuffered")
+	fl.IntVar(&opts.BufferMaxRequests, "buffer-max-requests", buffer.DefaultMaxRequests, "requests one tunnel may have buffered; more are answered 503 buffer_full")
+	fl.Int64Var(&opts.BufferMaxBytes, "buffer-max-bytes", buffer.DefaultMaxBytes, "bytes one tunnel may have buffered; more are answered 503 buffer_full")
+	fl.Int64Var(&opts.BufferMaxTotalBytes, "buffer-max-total-bytes", buffer.DefaultMaxTotalBytes, "bytes buffered for all tunnels (with Redis: by all replicas, in Redis's memory); more are answered 503 buffer_full")
 	fl.StringVar(&opts.MemoryLimit, "memory-limit", "", memoryLimitHelp)
 	fl.BoolVar(&opts.AccessLog, "access-log", false, "log one line per public request (logger \"access\", at info): tunnel, route, method, path without query, status, X-Tether-Error, duration, bytes, request ID, replica, forwarded; never a query, header, body or token")
 	return cmd
@@ -205,6 +228,12 @@ func runServer(cmd *cobra.Command, f *Factory, opts *ServerOptions) error {
 		PeerTLSCAFile:        opts.PeerTLSCA,
 		DataDir:              opts.DataDir,
 		TokenRenewalKeyFile:  opts.TokenRenewalKey,
+
+		BufferRetention:     opts.BufferRetention,
+		BufferMaxBody:       opts.BufferMaxBody,
+		BufferMaxRequests:   opts.BufferMaxRequests,
+		BufferMaxBytes:      opts.BufferMaxBytes,
+		BufferMaxTotalBytes: opts.BufferMaxTotalBytes,
 	}, verifier, log)
 	if err != nil {
 		return invalid(err)

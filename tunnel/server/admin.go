@@ -17,7 +17,10 @@ import (
 //	GET /healthz      200 while the process runs
 //	GET /readyz       200 while serving, 503 before start-up completes and while draining
 //	GET /metrics      Prometheus
-//	GET /api/tunnels  JSON list of this replica's sessions (a tunnel may have several)
+//	GET /api/tunnels  JSON list of this replica's sessions (a tunnel may have several), each
+//	                  with its tunnel's buffered requests, and a row for each tunnel
+//	                  with buffered requests but no session here
+//	/api/tunnels/{name}/buffer: webhook.Forwarder.Register
 //	GET /api/fleet    JSON: every tunnel the registry knows, with the replicas that serve it
 //	/api/revocations, /api/tunnels/{name}/disconnect: revokeapi.go
 //	GET /debug/pprof/ Go profiles
@@ -44,13 +47,14 @@ func (s *replica) adminHandler() http.Handler {
 	mux.Handle("GET /api/tunnels", s.srv.requireAdminToken(http.HandlerFunc(s.listTunnels)))
 	mux.Handle("GET /api/fleet", s.srv.requireAdminToken(http.HandlerFunc(s.srv.listFleet)))
 	s.registerRevocationAPI(mux, s.srv.requireAdminToken)
+	s.srv.webhooks.register(mux, s.srv.requireAdminToken)
 	// Profiles for an operator chasing CPU or memory.
 	mux.Handle("GET /debug/pprof/", s.srv.requireAdminToken(http.HandlerFunc(pprof.Index)))
 	mux.Handle("GET /debug/pprof/profile", s.srv.requireAdminToken(http.HandlerFunc(pprof.Profile)))
 	return mux
 }
 
-func (s *replica) listTunnels(w http.ResponseWriter, _ *http.Request) {
+func (s *replica) listTunnels(w http.ResponseWriter, r *http.Request) {
 	sessions := s.members.list()
 	list := make([]Info, 0, len(sessions))
 	for _, m := range sessions {
@@ -58,7 +62,7 @@ func (s *replica) listTunnels(w http.ResponseWriter, _ *http.Request) {
 		info.Replica = s.srv.cfg.ReplicaID
 		list = append(list, info)
 	}
-	writeJSON(w, list)
+	writeJSON(w, s.srv.webhooks.withBuffers(r.Context(), list))
 }
 
 // Fleet is what /api/fleet reports: the registry's view of every replica's

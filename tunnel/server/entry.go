@@ -40,7 +40,7 @@ func (s *replica) serveEntry(w http.ResponseWriter, r *http.Request) {
 	s.srv.setForwarded(r)
 	body, w := s.watchBody(w, r)
 	rec := proxy.NewStatusWriter(w)
-	s.route(rec, r, name, origin{})
+	s.route(rec, s.srv.webhooks.markOfferable(r, name), name, origin{})
 	status := rec.Status()
 	if body.stalled() {
 		s.answerStalled(body, r)
@@ -162,6 +162,9 @@ func without(holders []registry.Holder, passed []string) []registry.Holder {
 // request that came as a client died, to a session that died with it, is
 // answered as one that came just after: the tunnel is down.
 func (s *replica) answerUnserved(w http.ResponseWriter, r *http.Request, name string, tried []*member, from origin) {
+	if !from.peer && s.srv.webhooks.offer(w, r, name) {
+		return // stored for delivery once the tunnel is back (webhooks.go)
+	}
 	if slices.ContainsFunc(tried, func(m *member) bool { return m.sess.Alive() }) {
 		s.metrics.unrouted.WithLabelValues("tunnel_disconnected").Inc()
 		tried[0].sess.Logger().Warn("request not delivered: every session of the tunnel failed under it",

@@ -34,14 +34,15 @@ import (
 // goes to upstream. It returns a function that stops the client.
 func (s *testServer) runClient(t testing.TB, name, server string, connections int, upstream string) (stop func()) {
 	t.Helper()
-	tokenFile := filepath.Join(t.TempDir(), "token")
-	writeFile(t, tokenFile, s.keys.token(t, name, time.Hour))
-	route, err := proxy.ParseRoute("/=" + upstream)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return s.runClientRoutes(t, name, server, connections, "/="+upstream)
+}
+
+// runClientRoutes is runClient with the given --route specs.
+func (s *testServer) runClientRoutes(t testing.TB, name, server string, connections int, specs ...string) (stop func()) {
+	t.Helper()
+	tokenFile, routes := s.clientFiles(t, name, specs)
 	c, err := client.New(client.Config{
-		Server: server, TokenFile: tokenFile, Routes: []proxy.Route{route}, Connections: connections,
+		Server: server, TokenFile: tokenFile, Routes: routes, Connections: connections,
 		TLSInsecureSkipVerify: true, Proxy: "direct",
 	}, zaptest.NewLogger(t, zaptest.Level(zap.WarnLevel)))
 	if err != nil {

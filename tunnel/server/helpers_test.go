@@ -207,13 +207,12 @@ func (s *testServer) startClient(t testing.TB, name, upstream string) {
 	s.startClientRoutes(t, name, "/="+upstream)
 }
 
-// startClientRoutes runs a tether client for tunnel name with the given
-// --route specs, one of them for "/", and waits until it is ready.
-func (s *testServer) startClientRoutes(t testing.TB, name string, specs ...string) {
+// clientFiles writes a token for tunnel name and parses the --route
+// specs of a test client.
+func (s *testServer) clientFiles(t testing.TB, name string, specs []string) (tokenFile string, routes []proxy.Route) {
 	t.Helper()
-	tokenFile := filepath.Join(t.TempDir(), "token")
+	tokenFile = filepath.Join(t.TempDir(), "token")
 	writeFile(t, tokenFile, s.keys.token(t, name, time.Hour))
-	var routes []proxy.Route
 	for _, spec := range specs {
 		route, err := proxy.ParseRoute(spec)
 		if err != nil {
@@ -221,6 +220,14 @@ func (s *testServer) startClientRoutes(t testing.TB, name string, specs ...strin
 		}
 		routes = append(routes, route)
 	}
+	return tokenFile, routes
+}
+
+// startClientRoutes runs a tether client for tunnel name with the given
+// --route specs, one of them for "/", and waits until it is ready.
+func (s *testServer) startClientRoutes(t testing.TB, name string, specs ...string) {
+	t.Helper()
+	tokenFile, routes := s.clientFiles(t, name, specs)
 	c, err := client.New(client.Config{
 		Server: s.tunnel, TokenFile: tokenFile, Routes: routes,
 		TLSFingerprint: s.Fingerprint(), Proxy: "direct",

@@ -2,6 +2,8 @@ package server
 
 import (
 	"time"
+
+	"github.com/tether-dev/tether/tunnel/server/webhook"
 )
 
 // statusClass maps 1xx..5xx to 1..5 and anything else to 0.
@@ -13,7 +15,9 @@ func statusClass(status int) int {
 }
 
 // Info is a snapshot of a session for the admin API (/api/tunnels), one per
-// session: a tunnel may have several on this replica.
+// session: a tunnel may have several on this replica. A tunnel with
+// buffered requests but no session here has one with its Name and Buffer
+// only.
 type Info struct {
 	Name           string    `json:"name"`
 	Account        string    `json:"account"`
@@ -37,4 +41,8 @@ type Info struct {
 	// Retired is true while a draining replica lets the session's last
 	// requests finish before closing it.
 	Retired bool `json:"retired,omitempty"`
+	// Buffer is the tunnel's buffered requests (webhooks stored while it
+	// was down), absent when it has none. A tunnel with some but no
+	// session here is listed with its name and Buffer only.
+	Buffer *webhook.Summary `json:"buffer,omitempty"`
 }

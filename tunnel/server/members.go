@@ -12,6 +12,7 @@ import (
 	"go.uber.org/zap"
 
 	"github.com/tether-dev/tether/auth"
+	"github.com/tether-dev/tether/proxy"
 	"github.com/tether-dev/tether/tunnel"
 	"github.com/tether-dev/tether/tunnel/server/gate"
 	"github.com/tether-dev/tether/tunnel/server/registry"
@@ -38,6 +39,10 @@ type members struct {
 	newHandler func(sess *gate.Session, stock bool) sessionHandler
 	limit      int    // --max-sessions-per-tunnel
 	replica    string // this replica's ID, told to tether clients (hello)
+	// webhooks learns each tunnel's logins, when it starts being served
+	// here and when its last member leaves (webhooks.go); set before the
+	// first login.
+	webhooks *webhooks
 
 	// Guarded by mu: who is a member, and each member's state and route.
 	mu      sync.RWMutex
@@ -104,7 +109,8 @@ func (ms *members) Login(sessionID string, claims *auth.Claims, runID string) er
 		return &auth.RejectError{Reason: auth.ReasonSession, Detail: gate.ErrClosed.Error()}
 	}
 	advertised := sess.AdvertisedRoutes()
-	if _, err := parseAdvertised(advertised); err != nil {
+	routes, err := parseAdvertised(advertised)
+	if err != nil {
 		return &auth.RejectError{Reason: auth.ReasonProxy, Detail: err.Error() + "; fix the client's --route flags"}
 	}
 	if rej := ms.tokens.refusal(claims); rej != nil {
@@ -132,6 +138,7 @@ func (ms *members) Login(sessionID string, claims *auth.Claims, runID string) er
 	if ms.tokens.closeRevoked(sess) {
 		return nil
 	}
+	ms.remember(m, routes)
 	sess.Logger().Info("tunnel connected",
 		zap.String("account", claims.Account), zap.String("runtime", claims.Runtime),
 		zap.String("client_address", sess.RemoteAddr()), zap.String("client_version", sess.ClientVersion()),
@@ -141,6 +148,17 @@ func (ms *members) Login(sessionID string, claims *auth.Claims, runID string) er
 		sess.Notify(tunnel.Notice{Kind: tunnel.NoticeHello, Replica: ms.replica, Alone: ms.reg.Status().Backend == "memory"})
 	}
 	return nil
+}
+
+// remember tells the webhook buffer the routes m's login advertised,
+// unless m left already: under the lock, so that the tunnel's Left, when
+// its last member leaves, comes after.
+func (ms *members) remember(m *member, routes []proxy.Route) {
+	ms.mu.RLock()
+	defer ms.mu.RUnlock()
+	if ms.byID[m.sess.ID()] == m {
+		ms.webhooks.loggedIn(m.sess.Tunnel(), routes)
+	}
 }
 
 // joinError says why a logged-in session cannot join its tunnel here.
@@ -329,6 +347,7 @@ func (ms *members) leaveLocked(m *member) {
 	ms.unserveLocked(m)
 	if len(t.all) == 0 {
 		delete(ms.tunnels, name)
+		ms.webhooks.left(name)
 	}
 }
 
@@ -341,6 +360,7 @@ func (ms *members) setServingLocked(name string, t *tunnelMembers, list []*membe
 	switch {
 	case before == 0 && after > 0:
 		ms.reg.Hold(name)
+		ms.webhooks.serving(name)
 	case before > 0 && after == 0:
 		ms.reg.Release(name)
 	}

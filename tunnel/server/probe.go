@@ -47,5 +47,6 @@ func (s *replica) Probe(sess *gate.Session, login *msg.Login) gate.ProbeAnswer {
 	} else if len(s.srv.registry.Holders(claims.Tunnel)) > 0 {
 		reply.Connected = true // through another replica
 	}
+	s.srv.webhooks.describe(reply)
 	return gate.ProbeAnswer{Login: msg.LoginResp{Version: frpversion.Full()}, Reply: reply}
 }

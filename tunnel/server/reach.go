@@ -89,7 +89,7 @@ func (s *replica) newHandler(sess *gate.Session, stock bool) sessionHandler {
 			sess.Logger().Error("build the session's router", zap.Error(err))
 			return nil, err
 		}
-		router, err := proxy.NewRouter(routes, sampled(sess.Logger(), routerLogPeriod), proxy.Options{DialContext: sessionDialer(sess)})
+		router, err := proxy.NewRouter(routes, sampled(sess.Logger(), routerLogPeriod), proxy.Options{DialContext: sessionDialer(sess), Unreachable: offerUnreachable})
 		if err != nil {
 			sess.Logger().Error("build the session's router", zap.Error(err))
 			return nil, err

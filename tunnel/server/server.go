@@ -135,7 +135,7 @@ type Config struct {
 	PeerTLSCertFile, PeerTLSKeyFile, PeerTLSCAFile string
 
 	// DataDir is where a single replica keeps what must outlive it (the
-	// revocations; the file is DIR/tether.db). With a Redis registry the
+	// revocations and the webhook buffer; the file is DIR/tether.db). With a Redis registry the
 	// replicas keep it in Redis instead, and DataDir must be empty; with
 	// neither it is kept in memory, and the server says so at start.
 	DataDir string
@@ -144,6 +144,13 @@ type Config struct {
 	// their lifetime before they expire (tokens.go). Its public key must be
 	// among the trusted keys. Empty: tokens are not renewed.
 	TokenRenewalKeyFile string
+
+	// Buffer* configure the webhook buffer (webhooks.go), kept where the
+	// revocations are: off with neither DataDir nor a Redis registry.
+	// Zero values take the defaults of packages webhook and buffer.
+	BufferRetention                                    time.Duration
+	BufferMaxBody, BufferMaxBytes, BufferMaxTotalBytes int64
+	BufferMaxRequests                                  int
 }
 
 // peerCredentials reports whether the configuration names credentials for
@@ -383,10 +390,13 @@ type Server struct {
 	peerTLS    *peerTLS // the peer channel's credentials; nil without a peer port or replicas
 	certs      *certificates
 	tlsConfig  *tls.Config
-	// What outlives the process: the revocations, kept in the registry's
-	// Redis, in store (DataDir), or in memory (store nil).
+	// What outlives the process: the revocations and the webhook buffer,
+	// kept in the registry's Redis, in store (DataDir), or in memory
+	// (store nil), as backing says.
 	store       *registry.Store
+	backing     registry.Backing
 	revocations *registry.Revocations
+	webhooks    *webhooks
 	renewer     *auth.Signer // TokenRenewalKeyFile; nil without one
 
 	// Static after New: the loggers.
@@ -506,9 +516,12 @@ func (s *Server) openState() error {
 			return err
 		}
 	}
-	backing, err := registry.BackingFor(s.registry, s.store)
+	s.backing, err = registry.BackingFor(s.registry, s.store)
 	if err == nil {
-		s.revocations, err = registry.NewRevocations(backing, s.log)
+		s.revocations, err = registry.NewRevocations(s.backing, s.log)
+	}
+	if err == nil {
+		s.webhooks, err = openWebhooks(s.cfg, s.backing, s.log)
 	}
 	if err != nil {
 		s.closeState()
@@ -519,6 +532,9 @@ func (s *Server) openState() error {
 
 // closeState closes what openState opened.
 func (s *Server) closeState() {
+	if s.webhooks != nil {
+		s.webhooks.close()
+	}
 	if s.revocations != nil {
 		_ = s.revocations.Close()
 	}
@@ -630,6 +646,7 @@ func (s *Server) start(ctx context.Context, ls Listeners) (*replica, error) {
 	}
 	sv.tokens = newTokenKeeper(s.verifier, s.renewer, s.revocations, s.log)
 	sv.members = newMembers(sv.gate, s.registry, sv.tokens, sv.metrics, sv.newHandler, s.cfg.MaxSessionsPerTunnel, s.cfg.ReplicaID)
+	s.webhooks.bind(sv)
 	plugin := auth.NewPlugin(s.verifier, sv.members, s.floodLog.Named("auth"), sv.metrics)
 	var lc net.ListenConfig
 	if sv.pluginLn, err = lc.Listen(ctx, "tcp", "127.0.0.1:0"); err != nil {
@@ -681,6 +698,7 @@ func (sv *replica) run(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return s.registry.Run(regCtx) })
 	g.Go(func() error { return s.revocations.Run(regCtx) })
+	stopWebhooks := s.webhooks.run(ctx, g)
 	g.Go(func() error {
 		sv.tokens.enforce(gctx, sv.members.sessions)
 		return nil
@@ -703,6 +721,7 @@ func (sv *replica) run(ctx context.Context) error {
 	g.Go(func() error {
 		<-gctx.Done()
 		sv.drain(sv.entrySrv, sv.peerSrv, gateServed)
+		stopWebhooks()
 		_ = sv.adminSrv.Close()
 		_ = sv.pluginSrv.Close()
 		sv.frp.Close()

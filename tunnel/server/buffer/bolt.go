@@ -153,11 +153,11 @@ func (b *boltBackend) newID(root *bolt.Bucket) string {
 func quotaError(tunnel string, n, used, total, size int64, q quotas) error {
 	switch {
 	case n+1 > int64(q.requests):
-		return &FullError{Tunnel: tunnel, Flag: flagMaxRequests, Used: n, Size: size, Limit: int64(q.requests)}
+		return &FullError{Tunnel: tunnel, Flag: FlagMaxRequests, Used: n, Size: size, Limit: int64(q.requests)}
 	case used+size > q.bytes:
-		return &FullError{Tunnel: tunnel, Flag: flagMaxBytes, Used: used, Size: size, Limit: q.bytes}
+		return &FullError{Tunnel: tunnel, Flag: FlagMaxBytes, Used: used, Size: size, Limit: q.bytes}
 	case total+size > q.total:
-		return &FullError{Tunnel: tunnel, Flag: flagMaxTotalBytes, Used: total, Size: size, Limit: q.total}
+		return &FullError{Tunnel: tunnel, Flag: FlagMaxTotalBytes, Used: total, Size: size, Limit: q.total}
 	}
 	return nil
 }

@@ -195,9 +195,9 @@ type FullError struct {
 
 func (e *FullError) Error() string {
 	switch e.Flag {
-	case flagMaxRequests:
+	case FlagMaxRequests:
 		return fmt.Sprintf("buffer of tunnel %s holds %d requests, the most %s allows", e.Tunnel, e.Used, e.Flag)
-	case flagMaxBytes:
+	case FlagMaxBytes:
 		return fmt.Sprintf("buffer of tunnel %s holds %d bytes; a request of %d would pass %s (%d)", e.Tunnel, e.Used, e.Size, e.Flag, e.Limit)
 	}
 	return fmt.Sprintf("buffers of all tunnels hold %d bytes; a request of %d for tunnel %s would pass %s (%d)", e.Used, e.Size, e.Tunnel, e.Flag, e.Limit)
@@ -206,11 +206,11 @@ func (e *FullError) Error() string {
 // Is makes a FullError match ErrFull.
 func (e *FullError) Is(target error) bool { return target == ErrFull }
 
-// The quotas, as FullError.Flag names them.
+// The quotas, as FullError.Flag names them: the server's flags.
 const (
-	flagMaxRequests   = "--buffer-max-requests"
-	flagMaxBytes      = "--buffer-max-bytes"
-	flagMaxTotalBytes = "--buffer-max-total-bytes"
+	FlagMaxRequests   = "--buffer-max-requests"
+	FlagMaxBytes      = "--buffer-max-bytes"
+	FlagMaxTotalBytes = "--buffer-max-total-bytes"
 )
 
 // NotDueError is the error of Lease.Next when the oldest queued request

@@ -140,8 +140,8 @@ func (b *redisBackend) append(ctx context.Context, tunnel string, m meta, payloa
 		return res[1], nil
 	case len(res) == 3 && res[0] == "full":
 		used, _ := strconv.ParseInt(res[2], 10, 64)
-		flag := map[string]string{"requests": flagMaxRequests, "bytes": flagMaxBytes, "total": flagMaxTotalBytes}[res[1]]
-		limit := map[string]int64{flagMaxRequests: int64(q.requests), flagMaxBytes: q.bytes, flagMaxTotalBytes: q.total}[flag]
+		flag := map[string]string{"requests": FlagMaxRequests, "bytes": FlagMaxBytes, "total": FlagMaxTotalBytes}[res[1]]
+		limit := map[string]int64{FlagMaxRequests: int64(q.requests), FlagMaxBytes: q.bytes, FlagMaxTotalBytes: q.total}[flag]
 		return "", &FullError{Tunnel: tunnel, Flag: flag, Used: used, Size: m.Size, Limit: limit}
 	}
 	return "", fmt.Errorf("append script answered %q", res)
