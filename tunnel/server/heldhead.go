@@ -2,6 +2,7 @@ package server
 
 import (
 	"bufio"
+	"errors"
 	"net"
 	"net/http"
 )
@@ -20,13 +21,14 @@ func serveHeld(w http.ResponseWriter, r *http.Request, serve func(http.ResponseW
 	hw := &heldWriter{ResponseWriter: w}
 	defer func() {
 		v := recover()
+		err, _ := v.(error)
 		switch {
 		case v == nil:
 			if hw.status != 0 {
 				hw.commit() // an answer without a body: its head goes now
 			}
 			return
-		case v != http.ErrAbortHandler || r.Context().Err() != nil:
+		case !errors.Is(err, http.ErrAbortHandler) || r.Context().Err() != nil:
 			panic(v)
 		case hw.sent:
 			_ = http.NewResponseController(w).Flush()
