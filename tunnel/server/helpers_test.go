@@ -279,6 +279,13 @@ func dialRawFrom(t testing.TB, addr, src string) *rawClient {
 // login sends a Login and returns the server's answer and the control stream.
 func (c *rawClient) login(token, runID string) (*msg.LoginResp, net.Conn) {
 	c.t.Helper()
+	return c.loginMetas(map[string]string{auth.TokenMetaKey: token}, runID)
+}
+
+// loginMetas sends a Login with metas and returns the server's answer and
+// the control stream.
+func (c *rawClient) loginMetas(metas map[string]string, runID string) (*msg.LoginResp, net.Conn) {
+	c.t.Helper()
 	stream, err := c.mux.OpenStream()
 	if err != nil {
 		c.t.Fatal(err)
@@ -287,7 +294,7 @@ func (c *rawClient) login(token, runID string) (*msg.LoginResp, net.Conn) {
 	login := &msg.Login{
 		Version: "0.71.0", RunID: runID, Timestamp: now,
 		PrivilegeKey: frputil.GetAuthKey("", now), // frp's shared-token check, with frp's empty token
-		Metas:        map[string]string{auth.TokenMetaKey: token},
+		Metas:        metas,
 	}
 	if err := msg.WriteMsg(stream, login); err != nil {
 		c.t.Fatal(err)

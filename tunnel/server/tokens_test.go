@@ -12,7 +12,6 @@ import (
 	"time"
 
 	"github.com/fatedier/frp/pkg/msg"
-	frputil "github.com/fatedier/frp/pkg/util/util"
 	"github.com/hashicorp/yamux"
 	"go.uber.org/zap"
 	"go.uber.org/zap/zaptest"
@@ -27,25 +26,9 @@ import (
 // gets notices) and returns the server's answer.
 func (c *rawClient) loginAs(token string) *msg.LoginResp {
 	c.t.Helper()
-	stream, err := c.mux.OpenStream()
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	now := time.Now().Unix()
-	login := &msg.Login{
-		Version: "0.71.0", RunID: "run-" + time.Now().Format("150405.000000"), Timestamp: now,
-		PrivilegeKey: frputil.GetAuthKey("", now),
-		Metas:        map[string]string{auth.TokenMetaKey: token, tunnel.RoutesMetaKey: `["/=http://127.0.0.1:9"]`},
-	}
-	if err := msg.WriteMsg(stream, login); err != nil {
-		c.t.Fatal(err)
-	}
-	_ = stream.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var resp msg.LoginResp
-	if err := msg.ReadMsgInto(stream, &resp); err != nil {
-		c.t.Fatalf("read login answer: %v", err)
-	}
-	return &resp
+	resp, _ := c.loginMetas(map[string]string{auth.TokenMetaKey: token, tunnel.RoutesMetaKey: `["/=http://127.0.0.1:9"]`},
+		"run-"+time.Now().Format("150405.000000"))
+	return resp
 }
 
 // revoke posts a revocation to s's admin API and returns it.
