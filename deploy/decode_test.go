@@ -123,6 +123,7 @@ type manifests struct {
 	podMonitors     []*podMonitor
 	prometheusRules []*prometheusRule
 	certificates    []*certificate
+	claims          []*corev1.PersistentVolumeClaim
 }
 
 func decodeAll(t *testing.T, stream string) *manifests {
@@ -157,6 +158,9 @@ func decodeManifests(stream string) (*manifests, error) {
 		case "v1 Secret":
 			o := &corev1.Secret{}
 			m.secrets, obj = append(m.secrets, o), o
+		case "v1 PersistentVolumeClaim":
+			o := &corev1.PersistentVolumeClaim{}
+			m.claims, obj = append(m.claims, o), o
 		case "v1 ServiceAccount":
 			o := &corev1.ServiceAccount{}
 			m.serviceAccounts, obj = append(m.serviceAccounts, o), o

@@ -381,6 +381,13 @@ func TestServerValuesReachConfig(t *testing.T) {
 		"peer-tls-ca":             "/etc/tether/peer-tls/ca.crt",
 		"max-sessions-per-tunnel": 24,
 		"token-renewal-key":       "/etc/tether/token-renewal/renewal.key.pem",
+		"access-log":              true,
+		// Buffered webhooks live in the registry's Redis: no data-dir.
+		"buffer-retention":       "24h",
+		"buffer-max-body":        1048576,
+		"buffer-max-requests":    500,
+		"buffer-max-bytes":       33554432,
+		"buffer-max-total-bytes": 2147483648,
 	}
 	for k, v := range want {
 		if fmt.Sprint(cfg[k]) != fmt.Sprint(v) {
@@ -653,11 +660,7 @@ func TestClientDeployment(t *testing.T) {
 // TestClientRollsWithoutDowntime: by default a client update starts the new
 // pod before the old one stops; the server serves both side by side.
 func TestClientRollsWithoutDowntime(t *testing.T) {
-	d := clientChart.mustTemplate(t, nil).deployment(t)
-	ru := d.Spec.Strategy.RollingUpdate
-	if d.Spec.Strategy.Type != "RollingUpdate" || ru == nil || ru.MaxUnavailable.IntValue() != 0 || ru.MaxSurge.IntValue() != 1 {
-		t.Errorf("strategy %+v; want RollingUpdate with maxUnavailable 0, maxSurge 1", d.Spec.Strategy)
-	}
+	checkRollingUpdate(t, clientChart.mustTemplate(t, nil).deployment(t))
 }
 
 // TestClientDefaultRoutesAreTheAdapters: without route values the client

@@ -175,6 +175,28 @@ refuse at start, with the value to change. */}}
 {{- end }}
 {{- end }}
 
+{{/* persistence, checked before the registry settings so that the refusal
+names it: the file in --data-dir is held by one process at a time, and the
+server refuses it with a Redis registry, where the replicas keep the state. */}}
+{{- define "tether-server.checkPersistence" -}}
+{{- if .Values.persistence.enabled }}
+{{- if include "tether-server.shared" . }}
+{{- fail "persistence.enabled keeps a single replica's revocations and buffered webhooks on a volume (--data-dir), but a Redis registry is set (registry.url, registry.urlSecret.name or redis.enabled), where the replicas keep them: set persistence.enabled=false, or drop the registry to run one replica" }}
+{{- end }}
+{{- if .Values.autoscaling.enabled }}
+{{- fail "persistence.enabled is for a single replica (one process at a time holds the file in --data-dir), and autoscaling.enabled runs several: set autoscaling.enabled=false, or persistence.enabled=false and share a Redis registry (registry.url), where the replicas keep their state" }}
+{{- end }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- fail (printf "persistence.enabled is for a single replica (one process at a time holds the file in --data-dir), but replicaCount is %d: set replicaCount=1, or persistence.enabled=false and share a Redis registry (registry.url), where the replicas keep their state" (int .Values.replicaCount)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/* The claim mounted at the data directory (persistence.enabled). */}}
+{{- define "tether-server.dataClaimName" -}}
+{{- default (printf "%s-data" (include "tether-server.fullname" .)) .Values.persistence.existingClaim }}
+{{- end }}
+
 {{/* The peer certificate settings, checked, naming the value to change. */}}
 {{- define "tether-server.checkPeerTLS" -}}
 {{- $p := .Values.peerTLS }}
@@ -204,6 +226,8 @@ a rotated Secret reaches the running server, which re-reads the files. */}}
 {{- define "tether-server.registryDir" -}}/etc/tether/registry{{- end }}
 {{- define "tether-server.configDir" -}}/etc/tether/config{{- end }}
 {{- define "tether-server.renewalDir" -}}/etc/tether/token-renewal{{- end }}
+{{/* The volume of persistence.enabled (--data-dir). */}}
+{{- define "tether-server.dataDir" -}}/var/lib/tether{{- end }}
 
 {{/* terminationGracePeriodSeconds: the preStop delay, then the server's
 drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
@@ -222,6 +246,7 @@ drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
 {{- if and (or .Values.tls.cert .Values.tls.key) (not (and .Values.tls.cert .Values.tls.key)) }}
 {{- fail "tls.cert and tls.key go together: set both, or neither (and tls.existingSecret)" }}
 {{- end }}
+{{- include "tether-server.checkPersistence" . }}
 {{- include "tether-server.checkRegistry" . }}
 {{- include "tether-server.checkPeerTLS" . }}
 {{- $cfg := dict
@@ -245,6 +270,14 @@ drain (--shutdown-timeout), then a margin for closing the tunnels. */}}
 {{- with .Values.trustedProxies }}{{ $_ := set $cfg "trusted-proxies" . }}{{ end }}
 {{- with .Values.heartbeatTimeout }}{{ $_ := set $cfg "heartbeat-timeout" . }}{{ end }}
 {{- with int .Values.maxSessionsPerTunnel }}{{ $_ := set $cfg "max-sessions-per-tunnel" . }}{{ end }}
+{{- if .Values.accessLog }}{{ $_ := set $cfg "access-log" true }}{{ end }}
+{{- if .Values.persistence.enabled }}{{ $_ := set $cfg "data-dir" (include "tether-server.dataDir" .) }}{{ end }}
+{{- $buf := .Values.webhookBuffer }}
+{{- with $buf.retention }}{{ $_ := set $cfg "buffer-retention" . }}{{ end }}
+{{- with int64 $buf.maxBody }}{{ $_ := set $cfg "buffer-max-body" . }}{{ end }}
+{{- with int64 $buf.maxRequests }}{{ $_ := set $cfg "buffer-max-requests" . }}{{ end }}
+{{- with int64 $buf.maxBytes }}{{ $_ := set $cfg "buffer-max-bytes" . }}{{ end }}
+{{- with int64 $buf.maxTotalBytes }}{{ $_ := set $cfg "buffer-max-total-bytes" . }}{{ end }}
 {{- if include "tether-server.shared" . }}
 {{- /* --replica-id and --peer-advertise-addr differ per pod: the
 Deployment sets them from the downward API; so does TETHER_REGISTRY from
