@@ -54,9 +54,9 @@ func TestServerPersistence(t *testing.T) {
 		{name: "made", files: ci("persistence-values.yaml"), claim: "rel-tether-server-data", made: true,
 			class: ptr("fast-ssd"), size: "2Gi", modes: "[ReadWriteOncePod]"},
 		{name: "made with the defaults", set: []string{"persistence.enabled=true"}, claim: "rel-tether-server-data", made: true,
-			size: "1Gi", modes: "[ReadWriteOnce]"},
+			size: "2Gi", modes: "[ReadWriteOnce]"},
 		{name: "made without a class", set: []string{"persistence.enabled=true", "persistence.storageClassName=-"},
-			claim: "rel-tether-server-data", made: true, class: ptr(""), size: "1Gi", modes: "[ReadWriteOnce]"},
+			claim: "rel-tether-server-data", made: true, class: ptr(""), size: "2Gi", modes: "[ReadWriteOnce]"},
 		{name: "existing", files: ci("persistence-claim-values.yaml"), claim: "tether-state"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
