@@ -52,7 +52,7 @@ func TestServerPersistence(t *testing.T) {
 	}{
 		{name: "defaults"},
 		{name: "made", files: ci("persistence-values.yaml"), claim: "rel-tether-server-data", made: true,
-			class: ptr("fast-ssd"), size: "2Gi", modes: "[ReadWriteOncePod]"},
+			class: ptr("fast-ssd"), size: "5Gi", modes: "[ReadWriteOncePod]"},
 		{name: "made with the defaults", set: []string{"persistence.enabled=true"}, claim: "rel-tether-server-data", made: true,
 			size: "2Gi", modes: "[ReadWriteOnce]"},
 		{name: "made without a class", set: []string{"persistence.enabled=true", "persistence.storageClassName=-"},
