@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -44,8 +45,11 @@ func NewCmdDemo(f *Factory, runF func(*DemoOptions) error) *cobra.Command {
 		Long: `Run everything on loopback: a fresh signing key and token, a tunnel server, a
 tunnel client logged in as tunnel "demo", and small stand-ins for app-proxy and
 the Argo components (JSON, server-sent events, a websocket echo, a webhook
-receiver). It prints the URLs and ready-to-paste curl commands, then runs until
-Ctrl-C. Components log at warn unless --log-level says otherwise.`,
+receiver). First it shows a webhook outliving an outage of the tunnel: it stops
+the client, POSTs a webhook, which the server stores (202 Accepted), and starts
+the client again, through which the server delivers it to the stand-in. Then
+it prints the URLs and ready-to-paste curl commands, and runs until Ctrl-C.
+Components log at warn unless --log-level says otherwise.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if runF != nil {
@@ -82,6 +86,13 @@ func runDemo(ctx context.Context, out io.Writer, log *zap.Logger, opts *DemoOpti
 		return err
 	}
 	defer backends.Close()
+	receiver, err := startWebhookReceiver()
+	if err != nil {
+		return err
+	}
+	defer receiver.Close()
+	upstreams := maps.Clone(backends.URLs)
+	upstreams[standin.ArgoEvents] = receiver.URL // the same stand-in, watched for deliveries
 
 	keys, err := auth.NewFileKeySource(pubKey)
 	if err != nil {
@@ -97,22 +108,30 @@ func runDemo(ctx context.Context, out io.Writer, log *zap.Logger, opts *DemoOpti
 	}
 	srv, err := server.New(server.Config{
 		TunnelAddr: ls.Tunnel.Addr().String(), HTTPAddr: ls.HTTP.Addr().String(), AdminAddr: ls.Admin.Addr().String(),
-		Domain: demoDomain,
+		Domain:  demoDomain,
+		DataDir: filepath.Join(dir, "data"), // where webhooks wait while the client is away
 	}, verifier, log.Named("server"))
 	if err != nil {
 		return err
 	}
-	routes, err := demoRoutes(backends.URLs)
+	routes, err := demoRoutes(upstreams)
 	if err != nil {
 		return err
 	}
-	c, err := client.New(client.Config{
-		Server:         ls.Tunnel.Addr().String(),
-		TokenFile:      tokenFile,
-		Routes:         routes,
-		TLSFingerprint: srv.Fingerprint(), // the demo server's self-signed certificate
-		Proxy:          "direct",
-	}, log.Named("client"))
+	newClient := func() (*client.Client, error) {
+		return client.New(client.Config{
+			Server:         ls.Tunnel.Addr().String(),
+			TokenFile:      tokenFile,
+			Routes:         routes,
+			TLSFingerprint: srv.Fingerprint(), // the demo server's self-signed certificate
+			Proxy:          "direct",
+		}, log.Named("client"))
+	}
+	first, err := newClient() // stopped to show a webhook outliving the outage
+	if err != nil {
+		return err
+	}
+	c, err := newClient()
 	if err != nil {
 		return err
 	}
@@ -124,12 +143,22 @@ func runDemo(ctx context.Context, out io.Writer, log *zap.Logger, opts *DemoOpti
 
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return srv.Serve(gctx, ls) })
-	g.Go(func() error { return c.Serve(gctx, health) })
 	g.Go(func() error {
-		healthURL := "http://" + health.Addr().String()
-		if err := waitReady(gctx, healthURL+"/readyz", 20*time.Second); err != nil {
-			return fmt.Errorf("the demo tunnel did not become ready: %w (run with --log-level info to see why)", err)
+		entry := "http://" + ls.HTTP.Addr().String()
+		id, err := webhookDuringOutage(gctx, out, first, entry, opts.Tunnel)
+		if err != nil {
+			return err
 		}
+		g.Go(func() error { return c.Serve(gctx, health) })
+		healthURL := "http://" + health.Addr().String()
+		if err := waitTunnelReady(gctx, healthURL); err != nil {
+			return err
+		}
+		d, err := receiver.wait(gctx, id, readyTimeout)
+		if err != nil {
+			return fmt.Errorf("%w (run with --log-level info to see why)", err)
+		}
+		printDelivered(out, d)
 		printGuide(out, opts.Tunnel, ls, healthURL, clientConfig, os.Args[0])
 		return nil
 	})
@@ -203,6 +232,19 @@ func demoRoutes(urls map[string]string) ([]proxy.Route, error) {
 		routes[i].InsecureSkipVerify = false
 	}
 	return routes, nil
+}
+
+// readyTimeout bounds each wait of the demo: for its tunnel to be ready,
+// for a webhook to be delivered.
+const readyTimeout = 20 * time.Second
+
+// waitTunnelReady waits for the client whose health endpoints are at
+// healthURL to serve the tunnel.
+func waitTunnelReady(ctx context.Context, healthURL string) error {
+	if err := waitReady(ctx, healthURL+"/readyz", readyTimeout); err != nil {
+		return fmt.Errorf("the demo tunnel did not become ready: %w (run with --log-level info to see why)", err)
+	}
+	return nil
 }
 
 // waitReady polls a readiness URL until it answers 200.
