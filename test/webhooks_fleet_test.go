@@ -2,7 +2,9 @@ package test
 
 import (
 	"fmt"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
@@ -136,4 +138,41 @@ func TestWebhooksDelivererKilledMidQueue(t *testing.T) {
 	if rest != n-held {
 		t.Errorf("the live replicas count %v webhooks delivered; want the %d the killed one left", rest, n-held)
 	}
+}
+
+// TestWebhooksUpstreamRefusedThroughAnotherReplica: a webhook reaches a
+// replica that does not serve its tunnel, which forwards it to the one
+// that does; there the tunnel's client finds its upstream refusing
+// connections. The serving replica stores it (the replicas share the
+// store) and the caller gets the 202 through the replica it reached; the
+// webhook is delivered once the upstream listens.
+func TestWebhooksUpstreamRefusedThroughAnotherReplica(t *testing.T) {
+	t.Parallel()
+	f := newFleet(t, 2)
+	port := freePort(t)
+	serving := f.replica(1)
+	startClient(t, serving.server, clientOpts{server: serving.tunnelAddr, tokenFile: writeToken(t, f.keys.issue(t, "acme", time.Hour)),
+		routes: []string{fmt.Sprintf("/webhooks=http://127.0.0.1:%d/", port)}})
+	testutil.WaitFor(t, 15*time.Second, func() error {
+		fl, err := f.fleetView(0)
+		if err == nil && len(fl.Tunnels["acme"]) == 0 {
+			err = fmt.Errorf("replica 0 does not know that replica 1 serves acme yet")
+		}
+		return err
+	})
+
+	h := f.replica(0).buffer(t, "acme", newHook(randomMarker(), 0))
+	var in inbox
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatalf("listen on the upstream's port: %v", err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(in.serve))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	in.waitCount(t, 1)
+	serving.waitDrained(t, "acme")
+	in.checkExactlyOnce(t, []ghHook{h})
 }

@@ -68,6 +68,10 @@ func (s *replica) servePeer(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.metrics.peerServed.Inc()
+	// A webhook whose upstream refuses is stored here, where the session
+	// that found it away is: the replicas share the store, and the 202
+	// goes back through the replica the caller reached.
+	r = s.srv.webhooks.markOfferable(r, name)
 	s.route(proxy.NewStatusWriter(w), r, name, origin{peer: true, missMark: miss})
 }
 

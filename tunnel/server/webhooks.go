@@ -162,10 +162,12 @@ type offerable struct {
 	tunnel string
 }
 
-// markOfferable returns r, a public request for tunnel, marked so that a
-// session's router hands it to the Forwarder when the tunnel's client
-// cannot connect to its upstream (offerUnreachable). Only a request whose
-// method may be buffered is marked: the others cost nothing.
+// markOfferable returns r, a caller's request for tunnel (from the public
+// entry, or forwarded by another replica), marked so that a session's
+// router hands it to the Forwarder when the tunnel's client cannot connect
+// to its upstream (offerUnreachable). A delivery from the buffer is never
+// marked: it must not be stored again. Only a request whose method may be
+// buffered is marked: the others cost nothing.
 func (wh *webhooks) markOfferable(r *http.Request, tunnel string) *http.Request {
 	if wh.fw == nil {
 		return r

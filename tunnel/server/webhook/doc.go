@@ -52,7 +52,10 @@
 // took any of the request), and where a session's client answered 502
 // upstream_unreachable before any of the body was sent, the entry calls
 // fw.Offer(w, r, name) first and answers as today only when Offer returns
-// false.
+// false. The upstream_unreachable case is offered by the replica whose
+// session found the upstream away, for a request another replica forwarded
+// too (the store is shared; the 202 goes back through the replica the
+// caller reached); a delivery from the buffer is never offered again.
 //
 // The Sender is the entry's own way through a session here, minus the
 // public part: Serves is "a session here serves the tunnel" and does not
