@@ -2,9 +2,7 @@ package test
 
 import (
 	"fmt"
-	"net"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"sync"
 	"testing"
@@ -163,15 +161,7 @@ func TestWebhooksUpstreamRefusedThroughAnotherReplica(t *testing.T) {
 
 	h := f.replica(0).buffer(t, "acme", newHook(randomMarker(), 0))
 	var in inbox
-	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", fmt.Sprintf("127.0.0.1:%d", port))
-	if err != nil {
-		t.Fatalf("listen on the upstream's port: %v", err)
-	}
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(in.serve))
-	srv.Listener.Close()
-	srv.Listener = ln
-	srv.Start()
-	t.Cleanup(srv.Close)
+	in.startOn(t, port)
 	in.waitCount(t, 1)
 	serving.waitDrained(t, "acme")
 	in.checkExactlyOnce(t, []ghHook{h})

@@ -218,6 +218,21 @@ func (in *inbox) start(t testing.TB) *backend {
 	return newBackend(t, "events", map[string]http.HandlerFunc{"/push": in.serve})
 }
 
+// startOn starts the inbox as an upstream listening on port, which was
+// refusing connections until now.
+func (in *inbox) startOn(t testing.TB, port int) {
+	t.Helper()
+	ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", fmt.Sprintf("127.0.0.1:%d", port))
+	if err != nil {
+		t.Fatalf("listen on the upstream's port: %v", err)
+	}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(in.serve))
+	srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+}
+
 func (in *inbox) serve(w http.ResponseWriter, r *http.Request) {
 	b, _ := io.ReadAll(r.Body)
 	in.mu.Lock()
@@ -548,15 +563,7 @@ func TestWebhooksUpstreamAnswers(t *testing.T) {
 			routes: []string{fmt.Sprintf("/webhooks=http://127.0.0.1:%d/", port)}}
 		startClient(t, s, o)
 		h := s.buffer(t, "refuses", newHook(marker, 0))
-		ln, err := (&net.ListenConfig{}).Listen(t.Context(), "tcp", fmt.Sprintf("127.0.0.1:%d", port))
-		if err != nil {
-			t.Fatalf("listen on the upstream's port: %v", err)
-		}
-		srv := httptest.NewUnstartedServer(http.HandlerFunc(in.serve))
-		srv.Listener.Close()
-		srv.Listener = ln
-		srv.Start()
-		t.Cleanup(srv.Close)
+		in.startOn(t, port)
 		in.waitCount(t, 1)
 		s.waitDrained(t, "refuses")
 		in.checkExactlyOnce(t, []ghHook{h})
